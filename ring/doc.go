@@ -1,0 +1,13 @@
+// Package ring owns key placement: which cluster member owns a key, and
+// which distinct members follow it (for fail-over).
+//
+// Placement is consistent hashing with bounded loads
+// (github.com/buraksezer/consistent v1.0.0) over xxhash with its fixed seed
+// 0, so every process that is given the same member IDs and Config computes
+// the same owners, whatever order the IDs arrive in.
+//
+// A Ring is an immutable snapshot and is safe for concurrent use; its
+// lookups take no lock and allocate nothing. A Table publishes the current
+// Ring to concurrent readers; rebuild a Ring with New whenever membership
+// changes and Store it.
+package ring

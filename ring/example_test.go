@@ -1,0 +1,48 @@
+package ring_test
+
+import (
+	"fmt"
+
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+func Example() {
+	r, err := ring.New([]string{"node-c", "node-a", "node-b"}, ring.Config{})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	key := []byte("user-42")
+	owner, _ := r.Owner(key)
+	fmt.Println("owner:", owner)
+	fmt.Println("fail-over order:", r.Successors(key, 5, nil))
+	fmt.Println("members:", r.Members())
+
+	_, err = ring.New([]string{"node-a", "node-a"}, ring.Config{})
+	fmt.Println(err)
+	// Output:
+	// owner: node-b
+	// fail-over order: [node-b node-a node-c]
+	// members: [node-a node-b node-c]
+	// ring: duplicate member "node-a"
+}
+
+func ExampleTable() {
+	var t ring.Table // the zero Table holds the empty ring
+	_, ok := t.Load().Owner([]byte("k"))
+	fmt.Println("owner known:", ok)
+
+	r, _ := ring.New([]string{"x-0", "x-1"}, ring.Config{})
+	t.Store(r)
+	fmt.Println("members:", t.Load().Len())
+	// Output:
+	// owner known: false
+	// members: 2
+}
+
+func ExampleRing_Partitions() {
+	r, _ := ring.New([]string{"a", "b", "c", "d"}, ring.Config{Partitions: 101})
+	fmt.Println(r.Partitions())
+	// Output:
+	// map[a:31 b:26 c:23 d:21]
+}
