@@ -1,0 +1,88 @@
+package rls
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+)
+
+// ErrMalformedKey is wrapped by every error ParseKey returns.
+var ErrMalformedKey = errors.New("rls: malformed key")
+
+// AppendKey appends the counter key of a request descriptor to dst and
+// returns the extended slice. The key is a sequence of length-prefixed
+// strings (a uvarint byte length, then the bytes): the domain, then each
+// entry's key and value in order. Unlike the reference's "domain_k_v" keys it
+// is unambiguous: distinct (domain, entries) give distinct keys, whatever
+// bytes the strings contain. It allocates nothing when dst has the capacity.
+func AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry) []byte {
+	dst = keyAppendString(dst, domain)
+	for _, e := range entries {
+		dst = keyAppendString(dst, e.GetKey())
+		dst = keyAppendString(dst, e.GetValue())
+	}
+	return dst
+}
+
+func keyAppendString(dst []byte, s string) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(s)))
+	return append(dst, s...)
+}
+
+// ParseKey is the inverse of AppendKey: it returns the domain and the
+// entries as (key, value) pairs. It rejects truncated input, trailing bytes,
+// non-minimal length prefixes and an entry key without a value with an error
+// wrapping ErrMalformedKey, so that a key it accepts is exactly the one
+// AppendKey builds from its result.
+func ParseKey(key []byte) (domain string, entries [][2]string, err error) {
+	off := 0
+	domain, off, err = keyReadString(key, off)
+	if err != nil {
+		return "", nil, err
+	}
+	for off < len(key) {
+		var k, v string
+		if k, off, err = keyReadString(key, off); err != nil {
+			return "", nil, err
+		}
+		if off == len(key) {
+			return "", nil, fmt.Errorf("%w: entry key %q has no value", ErrMalformedKey, k)
+		}
+		if v, off, err = keyReadString(key, off); err != nil {
+			return "", nil, err
+		}
+		entries = append(entries, [2]string{k, v})
+	}
+	return domain, entries, nil
+}
+
+// keyReadString reads one length-prefixed string at off.
+func keyReadString(key []byte, off int) (string, int, error) {
+	n, w := binary.Uvarint(key[off:])
+	switch {
+	case w == 0:
+		return "", 0, fmt.Errorf("%w: truncated length at byte %d", ErrMalformedKey, off)
+	case w < 0:
+		return "", 0, fmt.Errorf("%w: length overflows at byte %d", ErrMalformedKey, off)
+	case w != keyUvarintLen(n):
+		return "", 0, fmt.Errorf("%w: non-minimal length at byte %d", ErrMalformedKey, off)
+	}
+	off += w
+	if n > uint64(len(key)-off) {
+		return "", 0, fmt.Errorf("%w: length %d at byte %d exceeds the %d bytes left", ErrMalformedKey, n, off-w, len(key)-off)
+	}
+	end := off + int(n)
+	return string(key[off:end]), end, nil
+}
+
+// keyUvarintLen is the number of bytes binary.AppendUvarint writes for v.
+func keyUvarintLen(v uint64) int {
+	n := 1
+	for v >= 0x80 {
+		v >>= 7
+		n++
+	}
+	return n
+}

@@ -1,0 +1,144 @@
+package rls
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fsnotify/fsnotify"
+)
+
+// Debounce timing of a Watcher: a reload runs watchDebounce after the last
+// change of a burst, and no later than watchMaxDelay after its first change
+// however long the burst lasts.
+const (
+	watchDebounce = 100 * time.Millisecond
+	watchMaxDelay = time.Second
+)
+
+// Watcher reloads a config file or directory when it changes. It owns one
+// goroutine, stopped and joined by Close.
+type Watcher struct {
+	path    string
+	opt     LoadOptions
+	onLoad  func(*Config)
+	onError func(error)
+	fsw     *fsnotify.Watcher
+	filter  func(name string) bool // relevant event base names
+
+	closeOnce sync.Once
+	done      chan struct{} // closed by Close
+	exited    chan struct{} // closed when the goroutine returns
+}
+
+// NewWatcher watches path (as given to Load) and, after each burst of
+// changes, reloads it with Load(path, opt): on success it calls onLoad with
+// the new Config, on failure onError (the caller keeps its last good
+// Config). It does not load the config first: call Load before NewWatcher.
+//
+// For a directory it watches the directory itself, which also sees the
+// atomic "..data" symlink swap of a Kubernetes ConfigMap mount; dotfile
+// changes other than "..data" are ignored. For a file it watches the parent
+// directory and reacts to the file's name and "..data". Subdirectories are
+// not watched.
+//
+// The callbacks run on the Watcher's goroutine, one at a time; they must not
+// call Close. Both must be non-nil.
+func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func(error)) (*Watcher, error) {
+	if onLoad == nil || onError == nil {
+		return nil, errors.New("rls: watcher needs both onLoad and onError")
+	}
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("rls: watch: %w", err)
+	}
+	dir, filter := path, watchDirFilter
+	if !st.IsDir() {
+		base := filepath.Base(path)
+		dir = filepath.Dir(path)
+		filter = func(name string) bool { return name == base || name == "..data" }
+	}
+	fsw, err := fsnotify.NewWatcher()
+	if err != nil {
+		return nil, fmt.Errorf("rls: watch: %w", err)
+	}
+	if err := fsw.Add(dir); err != nil {
+		fsw.Close()
+		return nil, fmt.Errorf("rls: watch: %w", err)
+	}
+	w := &Watcher{
+		path: path, opt: opt, onLoad: onLoad, onError: onError,
+		fsw: fsw, filter: filter,
+		done: make(chan struct{}), exited: make(chan struct{}),
+	}
+	go w.run()
+	return w, nil
+}
+
+// watchDirFilter accepts the files Load reads and the ConfigMap swap.
+func watchDirFilter(name string) bool {
+	return !strings.HasPrefix(name, ".") || name == "..data"
+}
+
+// Close stops watching and waits for the goroutine to return (including a
+// callback in progress). It is safe to call more than once.
+func (w *Watcher) Close() error {
+	var err error
+	w.closeOnce.Do(func() {
+		close(w.done)
+		err = w.fsw.Close()
+	})
+	<-w.exited
+	return err
+}
+
+func (w *Watcher) run() {
+	defer close(w.exited)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	var pending bool
+	var first time.Time
+	for {
+		select {
+		case <-w.done:
+			return
+		case ev, ok := <-w.fsw.Events:
+			if !ok {
+				return
+			}
+			if ev.Op == fsnotify.Chmod || !w.filter(filepath.Base(ev.Name)) {
+				continue
+			}
+			now := time.Now()
+			if !pending {
+				pending, first = true, now
+				timer.Reset(watchDebounce)
+			} else if now.Sub(first) < watchMaxDelay-watchDebounce {
+				timer.Reset(watchDebounce)
+			}
+		case err, ok := <-w.fsw.Errors:
+			if !ok {
+				return
+			}
+			w.onError(fmt.Errorf("rls: watch %s: %w", w.path, err))
+		case <-timer.C:
+			pending = false
+			cfg, err := Load(w.path, w.opt)
+			select {
+			case <-w.done:
+				return // closed while loading: no callback after Close
+			default:
+			}
+			if err != nil {
+				w.onError(err)
+				continue
+			}
+			w.onLoad(cfg)
+		}
+	}
+}

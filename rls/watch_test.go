@@ -1,0 +1,217 @@
+package rls
+
+import (
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// watchRecorder collects a Watcher's callbacks.
+type watchRecorder struct {
+	mu   sync.Mutex
+	cfgs []*Config
+	errs []error
+}
+
+func (r *watchRecorder) onLoad(c *Config) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.cfgs = append(r.cfgs, c)
+}
+
+func (r *watchRecorder) onError(err error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.errs = append(r.errs, err)
+}
+
+// lastDump is the Dump of the last config loaded ("" if none).
+func (r *watchRecorder) lastDump() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.cfgs) == 0 {
+		return ""
+	}
+	return r.cfgs[len(r.cfgs)-1].Dump()
+}
+
+func (r *watchRecorder) errCount() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.errs)
+}
+
+func (r *watchRecorder) lastErr() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.errs) == 0 {
+		return ""
+	}
+	return r.errs[len(r.errs)-1].Error()
+}
+
+// watchWaitFor polls cond until it holds, failing the test after 10 s.
+func watchWaitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond) // polling interval, not synchronisation
+	}
+}
+
+// watchWriteAtomic replaces dir/name with content the way tools do: a
+// temporary dotfile, then a rename.
+func watchWriteAtomic(t *testing.T, dir, name, content string) {
+	t.Helper()
+	tmp := filepath.Join(dir, ".tmp-"+name)
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func watchDump(domain, key string, rpu int) string {
+	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false\n"
+}
+
+func TestWatchDirectory(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", 1)})
+	if _, err := Load(dir, LoadOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	var rec watchRecorder
+	w, err := NewWatcher(dir, LoadOptions{}, rec.onLoad, rec.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	// An edit in place.
+	cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", 2)})
+	watchWaitFor(t, "the edited file", func() bool { return rec.lastDump() == watchDump("a", "k", 2) })
+
+	// A bad new file: an error, and no config.
+	watchWriteAtomic(t, dir, "b.yaml", "domain: b\nbogus: 1\n")
+	watchWaitFor(t, "the error", func() bool { return rec.errCount() > 0 })
+	if e := rec.lastErr(); !strings.Contains(e, "b.yaml: bogus: unknown key 'bogus'") {
+		t.Errorf("error = %s", e)
+	}
+	// The good version of it.
+	watchWriteAtomic(t, dir, "b.yaml", cfgRule("b", "j", 3))
+	want := watchDump("a", "k", 2) + watchDump("b", "j", 3)
+	watchWaitFor(t, "the fixed file", func() bool { return rec.lastDump() == want })
+
+	// A removal.
+	if err := os.Remove(filepath.Join(dir, "b.yaml")); err != nil {
+		t.Fatal(err)
+	}
+	watchWaitFor(t, "the removal", func() bool { return rec.lastDump() == watchDump("a", "k", 2) })
+
+	if err := w.Close(); err != nil {
+		t.Errorf("Close: %v", err)
+	}
+	if err := w.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// TestWatchConfigMap swaps a Kubernetes ConfigMap mount atomically (a new
+// timestamped directory, then a rename of the ..data symlink), watching the
+// directory and, as a file, the symlinked config.
+func TestWatchConfigMap(t *testing.T) {
+	for _, asFile := range []bool{false, true} {
+		name := "directory"
+		if asFile {
+			name = "file"
+		}
+		t.Run(name, func(t *testing.T) {
+			defer goleak.VerifyNone(t)
+			dir := t.TempDir()
+			version := 0
+			swap := func(content string) {
+				t.Helper()
+				version++
+				ts := "..2026_01_01_00_00_0" + strconv.Itoa(version)
+				cfgWrite(t, dir, map[string]string{filepath.Join(ts, "ratelimit.yaml"): content})
+				cfgSymlink(t, ts, filepath.Join(dir, "..data_tmp"))
+				if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			swap(cfgRule("cm", "k", 100))
+			cfgSymlink(t, "..data/ratelimit.yaml", filepath.Join(dir, "ratelimit.yaml"))
+			path := dir
+			if asFile {
+				path = filepath.Join(dir, "ratelimit.yaml")
+			}
+			c, err := Load(path, LoadOptions{})
+			if err != nil || c.Dump() != watchDump("cm", "k", 100) {
+				t.Fatalf("initial load: %v %q", err, c.Dump())
+			}
+
+			var rec watchRecorder
+			w, err := NewWatcher(path, LoadOptions{}, rec.onLoad, rec.onError)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer w.Close()
+
+			swap(cfgRule("cm", "k", 200))
+			watchWaitFor(t, "the swap", func() bool { return rec.lastDump() == watchDump("cm", "k", 200) })
+			swap("domain: cm\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]\n")
+			watchWaitFor(t, "the bad swap", func() bool {
+				return strings.Contains(rec.lastErr(), "invalid rate limit unit 'fortnight'")
+			})
+			swap(cfgRule("cm", "k", 300))
+			watchWaitFor(t, "the good swap", func() bool { return rec.lastDump() == watchDump("cm", "k", 300) })
+		})
+	}
+}
+
+func TestWatchFilters(t *testing.T) {
+	tests := []struct {
+		name string
+		want bool
+	}{
+		{"ratelimit.yaml", true},
+		{"limits", true},
+		{"..data", true},
+		{"..data_tmp", false},
+		{"..2026_01_01", false},
+		{".ratelimit.yaml.swp", false},
+	}
+	for _, tt := range tests {
+		if got := watchDirFilter(tt.name); got != tt.want {
+			t.Errorf("watchDirFilter(%q) = %v", tt.name, got)
+		}
+	}
+}
+
+func TestNewWatcherErrors(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	noop := func(*Config) {}
+	if _, err := NewWatcher(dir, LoadOptions{}, nil, func(error) {}); err == nil {
+		t.Error("nil onLoad accepted")
+	}
+	if _, err := NewWatcher(dir, LoadOptions{}, noop, nil); err == nil {
+		t.Error("nil onError accepted")
+	}
+	if _, err := NewWatcher(filepath.Join(dir, "missing"), LoadOptions{}, noop, func(error) {}); err == nil ||
+		!strings.HasPrefix(err.Error(), "rls: watch: ") {
+		t.Errorf("missing path: %v", err)
+	}
+}
