@@ -1,0 +1,153 @@
+package chaos
+
+import (
+	"context"
+	"fmt"
+	"math/rand"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+)
+
+// hourConfig limits every value of key "k" to 50 per hour.
+const hourConfig = `domain: chaos
+descriptors:
+  - key: k
+    rate_limit:
+      unit: hour
+      requests_per_unit: 50
+`
+
+// startCluster starts n nodes serving cfg and waits for one shared ring.
+func startCluster(t *testing.T, n int, cfg string) *Cluster {
+	t.Helper()
+	dir := t.TempDir()
+	cfgDir := filepath.Join(dir, "config")
+	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := ConfigMapDir(cfgDir, map[string]string{"config.yaml": cfg}); err != nil {
+		t.Fatal(err)
+	}
+	c, err := NewCluster(testBin, dir, cfgDir, "127.0.0.1", n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	if err := c.StartAll(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := WaitRing(30*time.Second, c.Nodes, c.Nodes); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func dialAll(t *testing.T, nodes []*Node) []pb.RateLimitServiceClient {
+	t.Helper()
+	var cls []pb.RateLimitServiceClient
+	for _, n := range nodes {
+		conn, cl, err := Dial(n.GRPC)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { conn.Close() })
+		cls = append(cls, cl)
+	}
+	return cls
+}
+
+func TestClusterExactAndSurvivesKill(t *testing.T) {
+	c := startCluster(t, 3, hourConfig)
+	cls := dialAll(t, c.Nodes)
+	const keys, hitsPerKey, limit = 40, 100, 50
+
+	// 100 hits per key, each sent to a random node, all concurrently.
+	var allowed [keys]atomic.Int64
+	var failed atomic.Int64
+	var wg sync.WaitGroup
+	work := make(chan int, keys*hitsPerKey)
+	for k := 0; k < keys; k++ {
+		for h := 0; h < hitsPerKey; h++ {
+			work <- k
+		}
+	}
+	close(work)
+	for w := 0; w < 32; w++ {
+		wg.Add(1)
+		go func(seed int64) {
+			defer wg.Done()
+			rnd := rand.New(rand.NewSource(seed))
+			for k := range work {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				resp, err := cls[rnd.Intn(len(cls))].ShouldRateLimit(ctx, Request("chaos", "k", fmt.Sprintf("key-%d", k)))
+				cancel()
+				if err != nil {
+					failed.Add(1)
+					continue
+				}
+				if resp.OverallCode == pb.RateLimitResponse_OK {
+					allowed[k].Add(1)
+				}
+			}
+		}(int64(w))
+	}
+	wg.Wait()
+	if f := failed.Load(); f != 0 {
+		t.Errorf("%d calls failed", f)
+	}
+	for _, n := range c.Nodes {
+		fb, _ := n.Metric("ringlimit_local_fallbacks_total")
+		fbt, _ := n.Metric(`ringlimit_local_fallbacks_total{reason="timeout"`)
+		fbs, _ := n.Metric(`ringlimit_local_fallbacks_total{reason="suspect"`)
+		t.Logf("%s: timeouts %v suspect %v", n.ID, fbt, fbs)
+		fw, _ := n.Metric("ringlimit_forwarded_decisions_total")
+		t.Logf("%s: %v forwarded, %v local fallbacks", n.ID, fw, fb)
+	}
+	for k := range allowed {
+		if got := allowed[k].Load(); got != limit {
+			t.Errorf("key-%d: %d allowed, want exactly %d", k, got, limit)
+		}
+	}
+
+	// SIGKILL one node; calls to the survivors never fail.
+	if err := c.Nodes[2].Kill(); err != nil {
+		t.Fatal(err)
+	}
+	var calls, late atomic.Int64
+	deadline := time.Now().Add(4 * time.Second)
+	var wg2 sync.WaitGroup
+	for w := 0; w < 8; w++ {
+		wg2.Add(1)
+		go func(w int) {
+			defer wg2.Done()
+			cl := cls[w%2]
+			for i := 0; time.Now().Before(deadline) && i < 20000; i++ {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				start := time.Now()
+				_, err := cl.ShouldRateLimit(ctx, Request("chaos", "k", fmt.Sprintf("after-%d", i%200)), grpc.WaitForReady(false))
+				cancel()
+				calls.Add(1)
+				if err != nil {
+					failed.Add(1)
+				} else if time.Since(start) > 20*time.Millisecond {
+					late.Add(1)
+				}
+			}
+		}(w)
+	}
+	wg2.Wait()
+	t.Logf("after SIGKILL: %d calls to survivors, %d failed, %d slower than 20 ms", calls.Load(), failed.Load(), late.Load())
+	if f := failed.Load(); f != 0 {
+		t.Errorf("%d calls to survivors failed after a SIGKILL", f)
+	}
+	if cr := c.Crashes(); len(cr) > 0 {
+		t.Errorf("unexpected exits: %v", cr)
+	}
+}

@@ -1,0 +1,112 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"time"
+
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+)
+
+// listFlag collects a repeatable string flag.
+type listFlag []string
+
+func (l *listFlag) String() string     { return strings.Join(*l, " ") }
+func (l *listFlag) Set(v string) error { *l = append(*l, v); return nil }
+
+// checkCmd sends one ShouldRateLimit call and prints the decision.
+func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("check", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:8081", "gRPC address of a ringlimit (or any RLS v3) server")
+	domain := fs.String("domain", "", "rate limit domain")
+	hits := fs.Uint("hits", 0, "hits_addend of the request (0 means 1, as Envoy sends)")
+	timeout := fs.Duration("timeout", 2*time.Second, "deadline of the call")
+	var descs listFlag
+	fs.Var(&descs, "descriptor", "a descriptor as k=v,k2=v2 (repeat for several; a bare k means an empty value)")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: ringlimit check --addr HOST:PORT --domain D --descriptor k=v[,k2=v2] [--descriptor ...] [--hits N]")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if *domain == "" || len(descs) == 0 {
+		fs.Usage()
+		return 2
+	}
+	req := &pb.RateLimitRequest{Domain: *domain, HitsAddend: uint32(*hits)}
+	for _, d := range descs {
+		desc, err := parseDescriptor(d)
+		if err != nil {
+			fmt.Fprintln(stderr, "check:", err)
+			return 2
+		}
+		req.Descriptors = append(req.Descriptors, desc)
+	}
+	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		fmt.Fprintln(stderr, "check:", err)
+		return 1
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	defer cancel()
+	start := time.Now()
+	resp, err := pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, req)
+	took := time.Since(start)
+	if err != nil {
+		fmt.Fprintln(stderr, "check:", err)
+		return 1
+	}
+	printResponse(stdout, req, resp, took)
+	return 0
+}
+
+// parseDescriptor reads "k=v,k2=v2". A value may contain '='; entries are
+// split on ','.
+func parseDescriptor(s string) (*rlv3.RateLimitDescriptor, error) {
+	d := &rlv3.RateLimitDescriptor{}
+	for _, part := range strings.Split(s, ",") {
+		k, v, _ := strings.Cut(part, "=")
+		if k == "" {
+			return nil, fmt.Errorf("descriptor %q: empty key", s)
+		}
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: k, Value: v})
+	}
+	return d, nil
+}
+
+func printResponse(w io.Writer, req *pb.RateLimitRequest, resp *pb.RateLimitResponse, took time.Duration) {
+	fmt.Fprintf(w, "overall_code: %s  (%s)\n", resp.OverallCode, took.Round(time.Microsecond))
+	for i, st := range resp.Statuses {
+		var entries []string
+		if i < len(req.Descriptors) {
+			for _, e := range req.Descriptors[i].Entries {
+				entries = append(entries, e.Key+"="+e.Value)
+			}
+		}
+		fmt.Fprintf(w, "descriptor[%d] %s\n", i, strings.Join(entries, ","))
+		fmt.Fprintf(w, "  code: %s\n", st.Code)
+		if l := st.CurrentLimit; l != nil {
+			fmt.Fprintf(w, "  current_limit: %d/%s", l.RequestsPerUnit, l.Unit)
+			if l.Name != "" {
+				fmt.Fprintf(w, " name=%q", l.Name)
+			}
+			fmt.Fprintln(w)
+		}
+		fmt.Fprintf(w, "  limit_remaining: %d\n", st.LimitRemaining)
+		if d := st.DurationUntilReset; d != nil {
+			fmt.Fprintf(w, "  duration_until_reset: %s\n", d.AsDuration())
+		}
+	}
+	for _, h := range resp.ResponseHeadersToAdd {
+		fmt.Fprintf(w, "header %s: %s\n", h.Key, h.Value)
+	}
+}

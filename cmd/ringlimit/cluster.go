@@ -1,0 +1,96 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+
+	sockaddr "github.com/hashicorp/go-sockaddr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster"
+)
+
+// clusterNode is this process's part of a ringlimit cluster.
+type clusterNode struct {
+	node    *cluster.Node
+	counter *cluster.Node
+	c       *serveConfig
+	log     *slog.Logger
+}
+
+// startCluster joins the cluster named by --join. grpcAddr is the bound gRPC
+// listener; peers dial it at the advertised host.
+func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock func() int64, reg prometheus.Registerer, log *slog.Logger) (*clusterNode, error) {
+	adv, err := advertisedGRPC(c, grpcAddr)
+	if err != nil {
+		return nil, err
+	}
+	n, err := cluster.NewNode(cluster.NodeConfig{
+		Membership: cluster.MembershipConfig{
+			ID:            c.NodeName,
+			GRPCAddr:      adv,
+			BindAddr:      c.GossipAddr,
+			AdvertiseAddr: c.AdvertiseAddr,
+			Join:          c.joinList(),
+			Logger:        log,
+		},
+		Local:      store,
+		Clock:      clock,
+		Registerer: reg,
+		Logger:     log,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("serve: cluster: %w", err)
+	}
+	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join)
+	return &clusterNode{node: n, counter: n, c: c, log: log}, nil
+}
+
+// advertisedGRPC is the address peers dial for this node's gRPC service:
+// the listener's port at the --advertise-addr host, else the listener's host
+// when it is specific, else this machine's private IP.
+func advertisedGRPC(c *serveConfig, bound string) (string, error) {
+	_, port, err := net.SplitHostPort(bound)
+	if err != nil {
+		return "", err
+	}
+	host := ""
+	if c.AdvertiseAddr != "" {
+		host = c.AdvertiseAddr
+		if h, _, err := net.SplitHostPort(c.AdvertiseAddr); err == nil {
+			host = h
+		}
+	} else if h, _, _ := net.SplitHostPort(bound); h != "" && !net.ParseIP(h).IsUnspecified() {
+		host = h
+	} else {
+		ip, err := sockaddr.GetPrivateIP()
+		if err != nil || ip == "" {
+			return "", fmt.Errorf("serve: cannot tell which address peers reach this node at; set --advertise-addr (%v)", err)
+		}
+		host = ip
+	}
+	return net.JoinHostPort(host, port), nil
+}
+
+func (n *clusterNode) register(g *grpc.Server)    { n.node.Register(g) }
+func (n *clusterNode) ready() bool                { return n.node.Ready() }
+func (n *clusterNode) debugHandler() http.Handler { return n.node.DebugHandler() }
+
+// drain leaves the cluster gracefully so peers stop forwarding here at once.
+func (n *clusterNode) drain(ctx context.Context) {
+	timeout := n.c.ShutdownTimeout / 2
+	if err := n.node.Leave(timeout); err != nil {
+		n.log.Warn("cluster leave failed", "err", err)
+	}
+}
+
+func (n *clusterNode) close() {
+	if err := n.node.Close(); err != nil {
+		n.log.Warn("cluster close", "err", err)
+	}
+}

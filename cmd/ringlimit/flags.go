@@ -1,0 +1,268 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// serveConfig is everything `ringlimit serve` is told, after flags and
+// environment variables are merged (flags win over RINGLIMIT_* variables,
+// which win over the reference's variables, which win over defaults).
+type serveConfig struct {
+	Config       string
+	MergeDomains bool
+	GRPCAddr     string
+	HTTPAddr     string
+	DebugAddr    string
+	LogLevel     string
+	LogFormat    string
+
+	ShadowMode      bool
+	StopIncrement   bool
+	NearLimitRatio  float64
+	ResponseHeaders bool
+	HeaderLimit     string
+	HeaderRemaining string
+	HeaderReset     string
+	MaxKeys         int
+	MaxDescriptors  int
+	MaxEntries      int
+	MaxValueLen     int
+	ShutdownTimeout time.Duration
+
+	NodeName      string
+	GossipAddr    string
+	AdvertiseAddr string
+	Join          string
+
+	DryRun bool
+}
+
+// legacyEnv names the envoyproxy/ratelimit variables that set a flag's
+// default when neither the flag nor its RINGLIMIT_ variable is given.
+type legacyEnv func(getenv func(string) string) (string, bool)
+
+func plainEnv(name string) legacyEnv {
+	return func(getenv func(string) string) (string, bool) {
+		v := getenv(name)
+		return v, v != ""
+	}
+}
+
+// hostPortEnv joins a reference HOST/PORT pair; either may be missing.
+func hostPortEnv(hostVar, portVar string) legacyEnv {
+	return func(getenv func(string) string) (string, bool) {
+		h, p := getenv(hostVar), getenv(portVar)
+		if h == "" && p == "" {
+			return "", false
+		}
+		return net.JoinHostPort(h, p), p != ""
+	}
+}
+
+// runtimePathEnv builds the reference's RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
+// RUNTIME_APPDIRECTORY config path.
+func runtimePathEnv(getenv func(string) string) (string, bool) {
+	root, sub, app := getenv("RUNTIME_ROOT"), getenv("RUNTIME_SUBDIRECTORY"), getenv("RUNTIME_APPDIRECTORY")
+	if root == "" && sub == "" && app == "" {
+		return "", false
+	}
+	if root == "" {
+		root = "/srv/runtime_data/current"
+	}
+	if app == "" {
+		app = "config"
+	}
+	return filepath.Join(root, sub, app), true
+}
+
+// ignoredEnvPrefixes are reference settings that mean nothing here (there is
+// no Redis, no statsd); they are accepted and reported once.
+var ignoredEnvPrefixes = []string{"REDIS_", "USE_STATSD", "STATSD_", "LOCAL_CACHE_SIZE_IN_BYTES", "BACKEND_TYPE", "MEMCACHE_"}
+
+// newServeFlags defines serve's flags on a fresh FlagSet, with the legacy
+// variable of each flag that has one.
+func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]legacyEnv) {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	legacy := map[string]legacyEnv{}
+	str := func(p *string, name, def, usage string, l legacyEnv) {
+		fs.StringVar(p, name, def, usage)
+		if l != nil {
+			legacy[name] = l
+		}
+	}
+	boolean := func(p *bool, name string, def bool, usage string, l legacyEnv) {
+		fs.BoolVar(p, name, def, usage)
+		if l != nil {
+			legacy[name] = l
+		}
+	}
+	str(&c.Config, "config", "/srv/runtime_data/current/config", "config file or directory (every regular file, dotfiles skipped); watched for changes", runtimePathEnv)
+	boolean(&c.MergeDomains, "merge-domains", false, "merge config files that share a domain instead of rejecting them", plainEnv("MERGE_DOMAIN_CONFIG"))
+	str(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RLS v3, gRPC health, peer RPCs)", hostPortEnv("GRPC_HOST", "GRPC_PORT"))
+	str(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck, /json)", hostPortEnv("HOST", "PORT"))
+	str(&c.DebugAddr, "debug-addr", ":6070", "debug listen address (/metrics, /rlconfig, /debug/pprof/, /debug/cluster)", hostPortEnv("DEBUG_HOST", "DEBUG_PORT"))
+	str(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error", plainEnv("LOG_LEVEL"))
+	str(&c.LogFormat, "log-format", "text", "log format: text or json", plainEnv("LOG_FORMAT"))
+	boolean(&c.ShadowMode, "shadow-mode", false, "global shadow mode: count as usual but always answer OK overall", plainEnv("SHADOW_MODE"))
+	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "a request over the limit on any descriptor consumes no quota", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
+	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", 0.8, "fraction of a limit above which hits count as near_limit")
+	legacy["near-limit-ratio"] = plainEnv("NEAR_LIMIT_RATIO")
+	boolean(&c.ResponseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset headers from the most constrained descriptor", plainEnv("LIMIT_RESPONSE_HEADERS_ENABLED"))
+	str(&c.HeaderLimit, "header-limit", "RateLimit-Limit", "name of the limit header", plainEnv("LIMIT_LIMIT_HEADER"))
+	str(&c.HeaderRemaining, "header-remaining", "RateLimit-Remaining", "name of the remaining header", plainEnv("LIMIT_REMAINING_HEADER"))
+	str(&c.HeaderReset, "header-reset", "RateLimit-Reset", "name of the reset header", plainEnv("LIMIT_RESET_HEADER"))
+	fs.IntVar(&c.MaxKeys, "max-keys", 1<<20, "most counters kept in memory on this node; beyond it expired then least recently used ones are evicted (0: unbounded)")
+	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
+	fs.IntVar(&c.MaxEntries, "max-entries", 16, "most entries in one descriptor")
+	fs.IntVar(&c.MaxValueLen, "max-value-len", 1024, "longest descriptor value in bytes")
+	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM may take to drain before exiting")
+	str(&c.NodeName, "node-name", "", "stable identity of this node in the cluster (default: the hostname)", nil)
+	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
+	str(&c.AdvertiseAddr, "advertise-addr", "", "host or host:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
+	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
+	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
+	return fs, legacy
+}
+
+// parseServeFlags merges defaults, the reference's variables, RINGLIMIT_*
+// variables and flags, and validates the result.
+func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveConfig, []string, error) {
+	getenv := env.get
+	c := &serveConfig{}
+	fs, legacy := newServeFlags(c, stderr)
+	var notes []string
+	var errs []error
+	set := func(name, value, source string) {
+		if err := fs.Set(name, value); err != nil {
+			errs = append(errs, fmt.Errorf("serve: %s=%q: %v", source, value, err))
+		}
+	}
+	fs.VisitAll(func(f *flag.Flag) {
+		if l, ok := legacy[f.Name]; ok {
+			if v, ok := l(getenv); ok {
+				set(f.Name, v, legacyName(f.Name))
+			}
+		}
+		env := envName(f.Name)
+		if v := getenv(env); v != "" {
+			set(f.Name, v, env)
+		}
+	})
+	if len(errs) > 0 {
+		return nil, nil, errors.Join(errs...)
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, nil, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+	}
+	if c.NodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, nil, fmt.Errorf("serve: --node-name not set and no hostname: %w", err)
+		}
+		c.NodeName = h
+	}
+	for _, name := range env.names() {
+		for _, p := range ignoredEnvPrefixes {
+			if strings.HasPrefix(name, p) {
+				notes = append(notes, name)
+			}
+		}
+	}
+	return c, notes, c.validate()
+}
+
+func (c *serveConfig) validate() error {
+	var errs []error
+	if c.Config == "" {
+		errs = append(errs, errors.New("serve: --config: empty path"))
+	}
+	for _, a := range []struct{ flag, addr string }{{"grpc-addr", c.GRPCAddr}, {"http-addr", c.HTTPAddr}, {"debug-addr", c.DebugAddr}, {"gossip-addr", c.GossipAddr}} {
+		if _, _, err := net.SplitHostPort(a.addr); err != nil {
+			errs = append(errs, fmt.Errorf("serve: --%s: %v", a.flag, err))
+		}
+	}
+	if c.NearLimitRatio < 0 || c.NearLimitRatio > 1 {
+		errs = append(errs, fmt.Errorf("serve: --near-limit-ratio: %v is not in [0, 1]", c.NearLimitRatio))
+	}
+	switch strings.ToLower(c.LogLevel) {
+	case "debug", "info", "warn", "warning", "error":
+	default:
+		errs = append(errs, fmt.Errorf("serve: --log-level: unknown level %q (debug, info, warn, error)", c.LogLevel))
+	}
+	switch strings.ToLower(c.LogFormat) {
+	case "text", "json":
+	default:
+		errs = append(errs, fmt.Errorf("serve: --log-format: unknown format %q (text, json)", c.LogFormat))
+	}
+	if c.MaxKeys < 0 || c.MaxDescriptors < 1 || c.MaxEntries < 1 || c.MaxValueLen < 1 {
+		errs = append(errs, errors.New("serve: --max-keys must be >= 0 and --max-descriptors, --max-entries, --max-value-len >= 1"))
+	}
+	if c.ShutdownTimeout <= 0 {
+		errs = append(errs, errors.New("serve: --shutdown-timeout must be > 0"))
+	}
+	return errors.Join(errs...)
+}
+
+// joinList splits --join.
+func (c *serveConfig) joinList() []string {
+	var out []string
+	for _, s := range strings.Split(c.Join, ",") {
+		if s = strings.TrimSpace(s); s != "" {
+			out = append(out, s)
+		}
+	}
+	return out
+}
+
+// envName is the RINGLIMIT_ variable of a flag: --grpc-addr is RINGLIMIT_GRPC_ADDR.
+func envName(flagName string) string {
+	return "RINGLIMIT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+func legacyName(flagName string) string { return "the reference variable for --" + flagName }
+
+// environment is the process environment as "NAME=value" strings.
+type environment []string
+
+// get returns the value of name, or "" (the last assignment wins, as in a shell).
+func (e environment) get(name string) string {
+	for i := len(e) - 1; i >= 0; i-- {
+		if k, v, ok := strings.Cut(e[i], "="); ok && k == name {
+			return v
+		}
+	}
+	return ""
+}
+
+// names lists the variables set, sorted.
+func (e environment) names() []string {
+	var out []string
+	for _, kv := range e {
+		if k, _, ok := strings.Cut(kv, "="); ok {
+			out = append(out, k)
+		}
+	}
+	sort.Strings(out)
+	return out
+}
+
+// envBool reads a boolean variable the way the reference does; anything
+// unparsable is false.
+func envBool(getenv func(string) string, name string) bool {
+	b, _ := strconv.ParseBool(getenv(name))
+	return b
+}

@@ -1,0 +1,266 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/pprof"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/rls"
+)
+
+// serveCmd runs the service until ctx ends (SIGTERM/SIGINT), then drains.
+func serveCmd(ctx context.Context, args []string, env environment, stdout, stderr io.Writer) int {
+	c, ignored, err := parseServeFlags(args, env, stderr)
+	if err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		fmt.Fprintln(stderr, err)
+		return 2
+	}
+	log := newLogger(c, stderr)
+	if len(ignored) > 0 {
+		log.Warn("ignoring envoyproxy/ratelimit settings that have no meaning here (no Redis, no statsd)", "vars", strings.Join(ignored, ","))
+	}
+	cfg, err := rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
+	if err != nil {
+		for _, e := range flattenErrors(err) {
+			fmt.Fprintln(stderr, e)
+		}
+		return 1
+	}
+	if c.DryRun {
+		fmt.Fprintf(stdout, "%+v\n", *c)
+		fmt.Fprintf(stdout, "config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+		return 0
+	}
+	if err := serve(ctx, c, cfg, log); err != nil {
+		log.Error("serve failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+func newLogger(c *serveConfig, w io.Writer) *slog.Logger {
+	var level slog.Level
+	switch strings.ToLower(c.LogLevel) {
+	case "debug":
+		level = slog.LevelDebug
+	case "warn", "warning":
+		level = slog.LevelWarn
+	case "error":
+		level = slog.LevelError
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if strings.EqualFold(c.LogFormat, "json") {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+// serve builds the node and runs it until ctx ends.
+func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logger) error {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	clock := func() int64 { return time.Now().UnixNano() }
+
+	store := bucket.NewStore(bucket.StoreConfig{MaxKeys: c.MaxKeys})
+	var counter rls.Counter = rls.LocalCounter{Store: store}
+
+	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
+	if err != nil {
+		return fmt.Errorf("serve: --grpc-addr: %w", err)
+	}
+	httpLis, err := net.Listen("tcp", c.HTTPAddr)
+	if err != nil {
+		grpcLis.Close()
+		return fmt.Errorf("serve: --http-addr: %w", err)
+	}
+	debugLis, err := net.Listen("tcp", c.DebugAddr)
+	if err != nil {
+		grpcLis.Close()
+		httpLis.Close()
+		return fmt.Errorf("serve: --debug-addr: %w", err)
+	}
+
+	gs := grpc.NewServer()
+	var node *clusterNode
+	if len(c.joinList()) > 0 {
+		node, err = startCluster(c, grpcLis.Addr().String(), store, clock, reg, log)
+		if err != nil {
+			grpcLis.Close()
+			httpLis.Close()
+			debugLis.Close()
+			return err
+		}
+		counter = node.counter
+		node.register(gs)
+	}
+
+	metrics := rls.NewMetrics(reg)
+	svc, err := rls.NewService(rls.Options{
+		ShadowMode:                 c.ShadowMode,
+		StopIncrementWhenOverLimit: c.StopIncrement,
+		NearLimitRatio:             c.NearLimitRatio,
+		ResponseHeaders:            c.ResponseHeaders,
+		HeaderLimit:                c.HeaderLimit,
+		HeaderRemaining:            c.HeaderRemaining,
+		HeaderReset:                c.HeaderReset,
+		Bounds:                     rls.Bounds{MaxDescriptors: c.MaxDescriptors, MaxEntries: c.MaxEntries, MaxValueLen: c.MaxValueLen},
+		Clock:                      clock,
+		Logger:                     log,
+	}, counter, metrics)
+	if err != nil {
+		return err
+	}
+	svc.SetConfig(cfg)
+	svc.Register(gs)
+	hs := health.NewServer()
+	healthpb.RegisterHealthServer(gs, hs)
+	for _, name := range []string{"", "ratelimit"} {
+		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
+	}
+
+	watcher, err := rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
+		func(cfg *rls.Config) {
+			svc.SetConfig(cfg)
+			log.Info("config reloaded", "domains", len(cfg.Domains()), "rules", len(cfg.Rules()))
+		}, svc.ConfigError)
+	if err != nil {
+		log.Warn("config hot reload disabled", "err", err)
+	}
+
+	var stopping atomic.Bool
+	ready := func() bool {
+		return !stopping.Load() && (node == nil || node.ready())
+	}
+	debugMux := http.NewServeMux()
+	debugMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
+	debugMux.Handle("/rlconfig", svc.ConfigHandler())
+	debugMux.HandleFunc("/debug/pprof/", pprof.Index)
+	debugMux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+	debugMux.HandleFunc("/debug/pprof/profile", pprof.Profile)
+	debugMux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
+	debugMux.HandleFunc("/debug/pprof/trace", pprof.Trace)
+	if node != nil {
+		debugMux.Handle("/debug/cluster", node.debugHandler())
+	}
+	httpSrv := &http.Server{Handler: svc.HTTPHandler(ready), ReadHeaderTimeout: 10 * time.Second}
+	debugSrv := &http.Server{Handler: debugMux, ReadHeaderTimeout: 10 * time.Second}
+
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	goServe := func(name string, f func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := f(); err != nil && !errors.Is(err, http.ErrServerClosed) && !errors.Is(err, grpc.ErrServerStopped) {
+				errc <- fmt.Errorf("serve: %s: %w", name, err)
+			}
+		}()
+	}
+	goServe("grpc", func() error { return gs.Serve(grpcLis) })
+	goServe("http", func() error { return httpSrv.Serve(httpLis) })
+	goServe("debug", func() error { return debugSrv.Serve(debugLis) })
+
+	// Expired windows are dropped in the background; lookups ignore them anyway.
+	sweepCtx, stopSweep := context.WithCancel(context.Background())
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(5 * time.Second)
+		defer t.Stop()
+		for {
+			select {
+			case <-sweepCtx.Done():
+				return
+			case <-t.C:
+				store.Sweep(clock())
+			}
+		}
+	}()
+
+	// Health follows readiness (config loaded, cluster joined).
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(100 * time.Millisecond)
+		defer t.Stop()
+		serving := false
+		for {
+			select {
+			case <-sweepCtx.Done():
+				return
+			case <-t.C:
+				if r := ready(); r != serving {
+					serving = r
+					st := healthpb.HealthCheckResponse_NOT_SERVING
+					if r {
+						st = healthpb.HealthCheckResponse_SERVING
+					}
+					for _, name := range []string{"", "ratelimit"} {
+						hs.SetServingStatus(name, st)
+					}
+				}
+			}
+		}
+	}()
+
+	log.Info("ringlimit serving", "version", version(), "node", c.NodeName,
+		"grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(), "debug", debugLis.Addr().String(),
+		"config", c.Config, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil)
+
+	var runErr error
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "timeout", c.ShutdownTimeout)
+	case runErr = <-errc:
+	}
+
+	// Drain: stop answering ready, finish in-flight calls, leave the cluster.
+	stopping.Store(true)
+	hs.Shutdown()
+	deadline, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
+	defer cancel()
+	if node != nil {
+		node.drain(deadline)
+	}
+	stopped := make(chan struct{})
+	go func() { gs.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-deadline.Done():
+		gs.Stop()
+		<-stopped
+	}
+	httpSrv.Shutdown(deadline)
+	debugSrv.Shutdown(deadline)
+	if watcher != nil {
+		watcher.Close()
+	}
+	if node != nil {
+		node.close()
+	}
+	stopSweep()
+	wg.Wait()
+	log.Info("stopped")
+	return runErr
+}

@@ -1,0 +1,66 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/ringlimit/ringlimit/rls"
+)
+
+// validateCmd loads a config file or directory and prints every error (exit
+// 1) or a summary (exit 0).
+func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	merge := fs.Bool("merge-domains", envBool(getenv, "MERGE_DOMAIN_CONFIG"), "merge files that share a domain instead of rejecting them")
+	fs.Usage = func() {
+		fmt.Fprintln(stderr, "usage: ringlimit validate [--merge-domains] PATH\n\nPATH is a config file or a directory of them (as serve --config).")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	if fs.NArg() != 1 {
+		fs.Usage()
+		return 2
+	}
+	cfg, err := rls.Load(fs.Arg(0), rls.LoadOptions{MergeDomains: *merge})
+	if err != nil {
+		for _, e := range flattenErrors(err) {
+			fmt.Fprintln(stderr, e)
+		}
+		return 1
+	}
+	doms := cfg.Domains()
+	fmt.Fprintf(stdout, "ok: %s: %d domain(s), %d rule(s)\n", fs.Arg(0), len(doms), len(cfg.Rules()))
+	for _, d := range doms {
+		n := 0
+		for _, r := range cfg.Rules() {
+			if r.Domain == d {
+				n++
+			}
+		}
+		fmt.Fprintf(stdout, "  domain %s: %d rule(s)\n", d, n)
+	}
+	return 0
+}
+
+// flattenErrors splits an errors.Join tree into its leaves, one per line.
+func flattenErrors(err error) []string {
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		var out []string
+		for _, e := range j.Unwrap() {
+			out = append(out, flattenErrors(e)...)
+		}
+		return out
+	}
+	var out []string
+	for _, line := range strings.Split(err.Error(), "\n") {
+		if line != "" {
+			out = append(out, line)
+		}
+	}
+	return out
+}

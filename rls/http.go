@@ -1,0 +1,68 @@
+package rls
+
+import (
+	"io"
+	"net/http"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
+)
+
+// maxJSONBody bounds a /json request body.
+const maxJSONBody = 1 << 20
+
+// HTTPHandler serves the reference's HTTP API: /healthcheck answers 200 "OK"
+// while ready() is true (503 otherwise), and /json decides a protojson
+// RateLimitRequest (camelCase or snake_case), answering 200 when OK, 429
+// when over the limit and 400 for a bad body.
+func (s *Service) HTTPHandler(ready func() bool) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
+		if ready != nil && !ready() {
+			http.Error(w, "NOT READY", http.StatusServiceUnavailable)
+			return
+		}
+		io.WriteString(w, "OK")
+	})
+	mux.HandleFunc("/json", s.serveJSON)
+	return mux
+}
+
+func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", http.MethodPost)
+		http.Error(w, "rls: /json takes a POST", http.StatusMethodNotAllowed)
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	if err != nil {
+		http.Error(w, "rls: reading body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	var req pb.RateLimitRequest
+	if err := protojson.Unmarshal(body, &req); err != nil {
+		http.Error(w, "rls: bad request body: "+err.Error(), http.StatusBadRequest)
+		return
+	}
+	resp, err := s.ShouldRateLimit(r.Context(), &req)
+	if err != nil {
+		code := http.StatusInternalServerError
+		if status.Code(err) == codes.InvalidArgument {
+			code = http.StatusBadRequest
+		}
+		http.Error(w, status.Convert(err).Message(), code)
+		return
+	}
+	out, err := protojson.Marshal(resp)
+	if err != nil {
+		http.Error(w, "rls: encoding response: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	if resp.OverallCode == pb.RateLimitResponse_OVER_LIMIT {
+		w.WriteHeader(http.StatusTooManyRequests)
+	}
+	w.Write(out)
+}

@@ -1,0 +1,495 @@
+package rls
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/ringlimit/ringlimit/bucket"
+)
+
+// Counter applies a request's hits to their counters, wherever they live:
+// results[i] is the outcome of ops[i]. now is the request's time in Unix
+// nanoseconds, read once by the service. It is implemented by a local
+// bucket.Store adapter (LocalCounter) and by the cluster's forwarder.
+type Counter interface {
+	Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result)
+}
+
+// Store is the part of a bucket.Store a LocalCounter needs.
+type Store interface {
+	Apply(now int64, op *bucket.Op) bucket.Result
+}
+
+// LocalCounter is a Counter that applies every op to one in-process store.
+type LocalCounter struct{ Store Store }
+
+// Apply implements Counter.
+func (l LocalCounter) Apply(_ context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+	for i := range ops {
+		results[i] = l.Store.Apply(now, &ops[i])
+	}
+}
+
+// Bounds caps what one request may carry. The zero value of a field means
+// its default (see DefaultBounds).
+type Bounds struct {
+	MaxDescriptors int // descriptors per request (default 64)
+	MaxEntries     int // entries per descriptor (default 16)
+	MaxKeyLen      int // bytes per entry key (default 256)
+	MaxValueLen    int // bytes per entry value (default 1024)
+	MaxDomainLen   int // bytes of the domain (default 256)
+}
+
+// DefaultBounds are generous for real Envoy traffic.
+var DefaultBounds = Bounds{MaxDescriptors: 64, MaxEntries: 16, MaxKeyLen: 256, MaxValueLen: 1024, MaxDomainLen: 256}
+
+func (b Bounds) withDefaults() Bounds {
+	d := DefaultBounds
+	if b.MaxDescriptors > 0 {
+		d.MaxDescriptors = b.MaxDescriptors
+	}
+	if b.MaxEntries > 0 {
+		d.MaxEntries = b.MaxEntries
+	}
+	if b.MaxKeyLen > 0 {
+		d.MaxKeyLen = b.MaxKeyLen
+	}
+	if b.MaxValueLen > 0 {
+		d.MaxValueLen = b.MaxValueLen
+	}
+	if b.MaxDomainLen > 0 {
+		d.MaxDomainLen = b.MaxDomainLen
+	}
+	return d
+}
+
+// Options configures a Service. The zero value works: no shadow mode,
+// NearLimitRatio 0.8, no response headers, DefaultBounds, the system clock.
+type Options struct {
+	// ShadowMode forces every response's overall code to OK; the
+	// per-descriptor codes still say what would have happened.
+	ShadowMode bool
+	// StopIncrementWhenOverLimit: a request that is over the limit on any
+	// descriptor consumes quota from none of them.
+	StopIncrementWhenOverLimit bool
+	// NearLimitRatio sets the near_limit stat threshold (default 0.8).
+	NearLimitRatio float64
+	// ResponseHeaders adds RateLimit-Limit/-Remaining/-Reset headers from
+	// the most constrained descriptor. The names default to those.
+	ResponseHeaders                           bool
+	HeaderLimit, HeaderRemaining, HeaderReset string
+	// Bounds caps request sizes.
+	Bounds Bounds
+	// Clock returns Unix nanoseconds; nil means the system clock.
+	Clock func() int64
+	// Logger receives service logs; nil discards them.
+	Logger *slog.Logger
+}
+
+// Service is the Envoy-facing RLS v3 service. It is safe for concurrent use;
+// the configuration is swapped atomically by SetConfig.
+type Service struct {
+	pb.UnimplementedRateLimitServiceServer
+
+	opt     Options
+	bounds  Bounds
+	counter Counter
+	metrics *Metrics
+	log     *slog.Logger
+	now     func() int64
+
+	state   atomic.Pointer[configState]
+	scratch sync.Pool // *requestScratch
+}
+
+// configState is one loaded configuration with its per-rule stats.
+type configState struct {
+	cfg   *Config
+	stats []*ruleStats // by Rule.Index
+}
+
+// NewService returns a service deciding with counter and reporting to
+// metrics (nil: a private, unexported registry). It serves an empty config
+// (every domain unknown) until SetConfig.
+func NewService(opt Options, counter Counter, metrics *Metrics) (*Service, error) {
+	if counter == nil {
+		return nil, errors.New("rls: nil counter")
+	}
+	if opt.NearLimitRatio == 0 {
+		opt.NearLimitRatio = 0.8
+	}
+	if opt.NearLimitRatio < 0 || opt.NearLimitRatio > 1 || math.IsNaN(opt.NearLimitRatio) {
+		return nil, fmt.Errorf("rls: near limit ratio %v is not in [0, 1]", opt.NearLimitRatio)
+	}
+	if opt.HeaderLimit == "" {
+		opt.HeaderLimit = "RateLimit-Limit"
+	}
+	if opt.HeaderRemaining == "" {
+		opt.HeaderRemaining = "RateLimit-Remaining"
+	}
+	if opt.HeaderReset == "" {
+		opt.HeaderReset = "RateLimit-Reset"
+	}
+	if metrics == nil {
+		metrics = NewMetrics(nil)
+	}
+	s := &Service{
+		opt:     opt,
+		bounds:  opt.Bounds.withDefaults(),
+		counter: counter,
+		metrics: metrics,
+		log:     opt.Logger,
+		now:     opt.Clock,
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	if s.now == nil {
+		s.now = func() int64 { return time.Now().UnixNano() }
+	}
+	s.scratch.New = func() any { return new(requestScratch) }
+	s.state.Store(&configState{cfg: &Config{}}) // not a load: no config_load_success
+	return s, nil
+}
+
+// SetConfig makes cfg the configuration every following request sees, and
+// counts a successful load.
+func (s *Service) SetConfig(cfg *Config) {
+	st := &configState{cfg: cfg, stats: make([]*ruleStats, len(cfg.Rules()))}
+	for _, r := range cfg.Rules() {
+		st.stats[r.Index] = s.metrics.rule(r)
+	}
+	s.state.Store(st)
+	s.metrics.configLoadSuccess.Inc()
+}
+
+// ConfigError counts a configuration that failed to load and logs why; the
+// current configuration stays.
+func (s *Service) ConfigError(err error) {
+	s.metrics.configLoadError.Inc()
+	s.log.Error("config reload failed, keeping the last good config", "err", err)
+}
+
+// Config returns the configuration in use.
+func (s *Service) Config() *Config { return s.state.Load().cfg }
+
+// Register registers the RLS v3 service on g.
+func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
+
+// requestScratch holds one request's working memory, pooled.
+type requestScratch struct {
+	rules   []*Rule
+	stats   []*ruleStats
+	idx     []int // descriptor index of each op
+	ops     []bucket.Op
+	results []bucket.Result
+	keys    []byte
+	offs    []int // key offsets into keys
+}
+
+// ShouldRateLimit implements the RLS v3 service.
+func (s *Service) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	start := time.Now()
+	resp, err := s.decide(ctx, req)
+	s.metrics.observe(resp, err, time.Since(start))
+	if err != nil {
+		return nil, toStatus(err)
+	}
+	return resp, nil
+}
+
+// InvalidRequestError is a request the service refuses to decide. It maps to
+// gRPC InvalidArgument and HTTP 400.
+type InvalidRequestError struct{ Msg string }
+
+func (e *InvalidRequestError) Error() string { return "rls: invalid request: " + e.Msg }
+
+func invalid(format string, args ...any) error {
+	return &InvalidRequestError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// toStatus maps service errors to gRPC status codes, in one place.
+func toStatus(err error) error {
+	var inv *InvalidRequestError
+	switch {
+	case errors.As(err, &inv):
+		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	}
+	return status.Error(codes.Internal, err.Error())
+}
+
+// validate checks req against the bounds before anything is counted.
+func (s *Service) validate(req *pb.RateLimitRequest) error {
+	b := s.bounds
+	if req.GetDomain() == "" {
+		return invalid("rate limit domain must not be empty")
+	}
+	if len(req.Domain) > b.MaxDomainLen {
+		return invalid("domain is %d bytes, more than the bound of %d", len(req.Domain), b.MaxDomainLen)
+	}
+	if len(req.Descriptors) == 0 {
+		return invalid("rate limit descriptor list must not be empty")
+	}
+	if len(req.Descriptors) > b.MaxDescriptors {
+		return invalid("%d descriptors, more than the bound of %d", len(req.Descriptors), b.MaxDescriptors)
+	}
+	for i, d := range req.Descriptors {
+		if d == nil || len(d.Entries) == 0 {
+			return invalid("descriptors[%d]: no entries", i)
+		}
+		if len(d.Entries) > b.MaxEntries {
+			return invalid("descriptors[%d]: %d entries, more than the bound of %d", i, len(d.Entries), b.MaxEntries)
+		}
+		for j, e := range d.Entries {
+			switch {
+			case e == nil || e.Key == "":
+				return invalid("descriptors[%d].entries[%d]: empty key", i, j)
+			case len(e.Key) > b.MaxKeyLen:
+				return invalid("descriptors[%d].entries[%d].key: %d bytes, more than the bound of %d", i, j, len(e.Key), b.MaxKeyLen)
+			case len(e.Value) > b.MaxValueLen:
+				return invalid("descriptors[%d].entries[%d].value: %d bytes, more than the bound of %d", i, j, len(e.Value), b.MaxValueLen)
+			}
+		}
+		if o := d.Limit; o != nil {
+			if _, ok := overrideUnit(o); !ok {
+				return invalid("descriptors[%d].limit.unit: unknown unit %d", i, int32(o.Unit))
+			}
+		}
+	}
+	return nil
+}
+
+// overrideUnit converts a request-level limit override's unit.
+func overrideUnit(o *rlv3.RateLimitDescriptor_RateLimitOverride) (pb.RateLimitResponse_RateLimit_Unit, bool) {
+	u := pb.RateLimitResponse_RateLimit_Unit(o.GetUnit())
+	if UnitDuration(u) <= 0 {
+		return 0, false
+	}
+	return u, true
+}
+
+// decide is ShouldRateLimit without metrics and status mapping.
+func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.RateLimitResponse, error) {
+	if err := s.validate(req); err != nil {
+		return nil, err
+	}
+	now := s.now()
+	st := s.state.Load()
+	n := len(req.Descriptors)
+	resp := &pb.RateLimitResponse{
+		OverallCode: pb.RateLimitResponse_OK,
+		Statuses:    make([]*pb.RateLimitResponse_DescriptorStatus, n),
+	}
+	dom := st.cfg.Domain(req.Domain)
+	if dom == nil {
+		s.metrics.domainNotFound(req.Domain)
+		for i := range resp.Statuses {
+			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+		}
+		return resp, nil
+	}
+
+	sc := s.scratch.Get().(*requestScratch)
+	defer s.scratch.Put(sc)
+	sc.rules = sc.rules[:0]
+	sc.stats = sc.stats[:0]
+	for _, d := range req.Descriptors {
+		r, rs := dom.Match(d.Entries), (*ruleStats)(nil)
+		if r != nil {
+			rs = st.stats[r.Index]
+		}
+		if o := d.Limit; o != nil {
+			r, rs = s.overrideRule(req.Domain, d, o)
+		}
+		sc.rules = append(sc.rules, r)
+		sc.stats = append(sc.stats, rs)
+	}
+	s.dropReplaced(sc.rules)
+
+	// Build one op per limited descriptor.
+	sc.ops, sc.idx, sc.keys = sc.ops[:0], sc.idx[:0], sc.keys[:0]
+	offs := sc.offs[:0] // keys is appended first and sliced after, as it may move
+	reqHits := uint64(max(1, req.HitsAddend))
+	for i, d := range req.Descriptors {
+		r := sc.rules[i]
+		if r == nil || r.Unlimited || d.IsNegativeHits {
+			continue
+		}
+		hits := reqHits
+		if h := d.HitsAddend; h != nil {
+			hits = h.Value
+		}
+		offs = append(offs, len(sc.keys))
+		sc.keys = AppendKey(sc.keys, req.Domain, d.Entries)
+		sc.idx = append(sc.idx, i)
+		sc.ops = append(sc.ops, bucket.Op{Limit: r.Limit, Hits: hits})
+	}
+	offs = append(offs, len(sc.keys))
+	sc.offs = offs
+	for k := range sc.ops {
+		sc.ops[k].Key = sc.keys[offs[k]:offs[k+1]]
+	}
+	if cap(sc.results) < len(sc.ops) {
+		sc.results = make([]bucket.Result, len(sc.ops))
+	}
+	sc.results = sc.results[:len(sc.ops)]
+	s.count(ctx, now, sc.ops, sc.results)
+
+	// Statuses.
+	k := 0
+	for i, d := range req.Descriptors {
+		r := sc.rules[i]
+		switch {
+		case r == nil:
+			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+			continue
+		case r.Unlimited:
+			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}
+			continue
+		case d.IsNegativeHits:
+			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+			continue
+		}
+		op, res := &sc.ops[k], sc.results[k]
+		k++
+		code := pb.RateLimitResponse_OK
+		if res.Over && !r.ShadowMode {
+			code = pb.RateLimitResponse_OVER_LIMIT
+			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+		}
+		sc.stats[i].record(r, op.Hits, res, s.opt.NearLimitRatio)
+		resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{
+			Code: code,
+			CurrentLimit: &pb.RateLimitResponse_RateLimit{
+				Name:            r.Name,
+				RequestsPerUnit: r.RequestsPerUnit,
+				Unit:            r.Unit,
+			},
+			LimitRemaining:     uint32(min(res.Remaining, math.MaxUint32)),
+			DurationUntilReset: &durationpb.Duration{Seconds: resetSeconds(res.ResetAfter)},
+		}
+	}
+	if s.opt.ResponseHeaders {
+		resp.ResponseHeadersToAdd = s.headers(resp.Statuses)
+	}
+	if s.opt.ShadowMode {
+		resp.OverallCode = pb.RateLimitResponse_OK
+	}
+	return resp, nil
+}
+
+// count applies ops, honouring StopIncrementWhenOverLimit: with it, a
+// request that any descriptor would put over its limit consumes nothing.
+func (s *Service) count(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+	if len(ops) == 0 {
+		return
+	}
+	if !s.opt.StopIncrementWhenOverLimit {
+		s.counter.Apply(ctx, now, ops, results)
+		return
+	}
+	if len(ops) > 1 {
+		for i := range ops {
+			ops[i].Mode = bucket.Peek
+		}
+		s.counter.Apply(ctx, now, ops, results)
+		for i := range results {
+			if results[i].Over {
+				return // peeked results are the answer; nothing consumed
+			}
+		}
+	}
+	for i := range ops {
+		ops[i].Mode = bucket.StopOnOver
+	}
+	s.counter.Apply(ctx, now, ops, results)
+}
+
+// dropReplaced removes every matched rule whose name another matched rule
+// replaces.
+func (s *Service) dropReplaced(rules []*Rule) {
+	var replaced []string
+	for _, r := range rules {
+		if r != nil {
+			replaced = append(replaced, r.Replaces...)
+		}
+	}
+	if len(replaced) == 0 {
+		return
+	}
+	for i, r := range rules {
+		if r == nil || r.Name == "" {
+			continue
+		}
+		for _, name := range replaced {
+			if name == r.Name {
+				rules[i] = nil
+				break
+			}
+		}
+	}
+}
+
+// overrideRule builds the rule for a request-level limit override (Envoy's
+// `limit` on a descriptor). It is counted under the stat key "override".
+func (s *Service) overrideRule(domain string, d *rlv3.RateLimitDescriptor, o *rlv3.RateLimitDescriptor_RateLimitOverride) (*Rule, *ruleStats) {
+	u, _ := overrideUnit(o) // validated
+	r := &Rule{
+		Domain:          domain,
+		StatKey:         domain + ".override",
+		Unit:            u,
+		RequestsPerUnit: o.RequestsPerUnit,
+		Limit:           bucket.Limit{Requests: uint64(o.RequestsPerUnit), Unit: UnitDuration(u)},
+	}
+	return r, s.metrics.override(domain)
+}
+
+// resetSeconds rounds a reset time up to whole seconds, as the reference's
+// unit - now%unit computed in seconds does.
+func resetSeconds(ns int64) int64 {
+	if ns <= 0 {
+		return 0
+	}
+	return (ns + int64(time.Second) - 1) / int64(time.Second)
+}
+
+// headers builds the optional RateLimit-* headers from the descriptor with
+// the least remaining quota.
+func (s *Service) headers(sts []*pb.RateLimitResponse_DescriptorStatus) []*core.HeaderValue {
+	var min *pb.RateLimitResponse_DescriptorStatus
+	for _, st := range sts {
+		if st.CurrentLimit == nil {
+			continue
+		}
+		if min == nil || st.LimitRemaining < min.LimitRemaining {
+			min = st
+		}
+	}
+	if min == nil {
+		return nil
+	}
+	return []*core.HeaderValue{
+		{Key: s.opt.HeaderLimit, Value: strconv.FormatUint(uint64(min.CurrentLimit.RequestsPerUnit), 10)},
+		{Key: s.opt.HeaderRemaining, Value: strconv.FormatUint(uint64(min.LimitRemaining), 10)},
+		{Key: s.opt.HeaderReset, Value: strconv.FormatInt(min.DurationUntilReset.GetSeconds(), 10)},
+	}
+}
