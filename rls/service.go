@@ -437,7 +437,7 @@ func (s *Service) dropReplaced(rules []*Rule) {
 		return
 	}
 	for i, r := range rules {
-		if r == nil || r.Name == "" {
+		if r == nil || r.Name == "" || r.Unlimited { // as the reference: unlimited stays unlimited
 			continue
 		}
 		for _, name := range replaced {
@@ -473,15 +473,17 @@ func resetSeconds(ns int64) int64 {
 }
 
 // headers builds the optional RateLimit-* headers from the descriptor with
-// the least remaining quota.
+// the least remaining quota (the first of equals), except that, as in the
+// reference, the last over-limit descriptor wins over any other.
 func (s *Service) headers(sts []*pb.RateLimitResponse_DescriptorStatus) []*core.HeaderValue {
 	var min *pb.RateLimitResponse_DescriptorStatus
+	least := uint32(math.MaxUint32)
 	for _, st := range sts {
-		if st.CurrentLimit == nil {
-			continue
-		}
-		if min == nil || st.LimitRemaining < min.LimitRemaining {
-			min = st
+		switch {
+		case st.Code == pb.RateLimitResponse_OVER_LIMIT:
+			min, least = st, 0
+		case st.CurrentLimit != nil && st.LimitRemaining < least:
+			min, least = st, st.LimitRemaining
 		}
 	}
 	if min == nil {

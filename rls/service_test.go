@@ -1,0 +1,824 @@
+package rls
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/prototext"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/ringlimit/ringlimit/bucket"
+)
+
+// The tests in this file drive Service.ShouldRateLimit in process, with a
+// real bucket.Store behind LocalCounter and a fake clock, and compare whole
+// responses against what envoyproxy/ratelimit answers for the same timeline
+// (see /work/shared/reference/rls-semantics.md).
+
+const (
+	svSec = int64(time.Second)
+	// svT0 is 2026-03-08T20:00:00Z: on an hour boundary, 72000 s into its
+	// day, so minute windows reset at svT0+60s.
+	svT0 = 1_773_000_000 * svSec
+
+	svOK   = pb.RateLimitResponse_OK
+	svOver = pb.RateLimitResponse_OVER_LIMIT
+
+	svSecond = pb.RateLimitResponse_RateLimit_SECOND
+	svMinute = pb.RateLimitResponse_RateLimit_MINUTE
+	svHour   = pb.RateLimitResponse_RateLimit_HOUR
+	svDay    = pb.RateLimitResponse_RateLimit_DAY
+	svWeek   = pb.RateLimitResponse_RateLimit_WEEK
+	svMonth  = pb.RateLimitResponse_RateLimit_MONTH
+	svYear   = pb.RateLimitResponse_RateLimit_YEAR
+)
+
+// svConfig is the config most service tests run against.
+const svConfig = `domain: shapes
+descriptors:
+  - key: nolimit
+  - key: unlimited
+    rate_limit: {unlimited: true}
+  - key: second
+    rate_limit: {unit: second, requests_per_unit: 5}
+  - key: minute
+    rate_limit: {unit: MINUTE, requests_per_unit: 5, name: per-minute}
+  - key: hour
+    rate_limit: {unit: Hour, requests_per_unit: 5}
+  - key: day
+    rate_limit: {unit: day, requests_per_unit: 5}
+  - key: week
+    rate_limit: {unit: week, requests_per_unit: 5}
+  - key: month
+    rate_limit: {unit: month, requests_per_unit: 5}
+  - key: year
+    rate_limit: {unit: year, requests_per_unit: 5}
+  - key: hundred
+    rate_limit: {unit: minute, requests_per_unit: 100}
+  - key: zero
+    rate_limit: {unit: minute, requests_per_unit: 0}
+  - key: missing
+    rate_limit: {unit: minute}
+  - key: shadow
+    shadow_mode: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: base
+    rate_limit: {unit: minute, requests_per_unit: 10, name: base}
+  - key: vip
+    rate_limit: {unit: minute, requests_per_unit: 1000, name: vip, replaces: [{name: base}]}
+  - key: free
+    rate_limit: {unlimited: true, name: free, replaces: [{name: base}]}
+  - key: nofree
+    rate_limit: {unit: minute, requests_per_unit: 3, replaces: [{name: free}]}
+  - key: a
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: b
+    rate_limit: {unit: minute, requests_per_unit: 10}
+  - key: path
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 3}
+`
+
+// svSeedConfig is the seed scenario's ConfigMap, verbatim.
+const svSeedConfig = `domain: ratelimit
+descriptors:
+  - key: remote_address
+    descriptors:
+      - key: PATH
+        rate_limit:
+          unit: minute
+          requests_per_unit: 100
+`
+
+// svClock is a fake clock: Unix nanoseconds set by the test.
+type svClock struct{ ns atomic.Int64 }
+
+// Now returns the clock's time.
+func (c *svClock) Now() int64 { return c.ns.Load() }
+
+// Set moves the clock to ns, forwards or back.
+func (c *svClock) Set(ns int64) { c.ns.Store(ns) }
+
+// svHarness is one service with its store, clock and private registry.
+type svHarness struct {
+	svc   *Service
+	store *bucket.Store
+	clock *svClock
+	reg   *prometheus.Registry
+	cfg   *Config
+}
+
+// svNew builds a service serving yaml (parsed with Parse) with a fresh
+// store, a fake clock at svT0 and metrics on a private registry.
+func svNew(tb testing.TB, yaml string, opt Options) *svHarness {
+	tb.Helper()
+	cfg, err := Parse("ratelimit.yaml", []byte(yaml))
+	if err != nil {
+		tb.Fatalf("Parse: %v", err)
+	}
+	h := &svHarness{
+		store: bucket.NewStore(bucket.StoreConfig{}),
+		clock: &svClock{},
+		reg:   prometheus.NewPedanticRegistry(),
+		cfg:   cfg,
+	}
+	h.clock.Set(svT0)
+	opt.Clock = h.clock.Now
+	h.svc, err = NewService(opt, LocalCounter{Store: h.store}, NewMetrics(h.reg))
+	if err != nil {
+		tb.Fatalf("NewService: %v", err)
+	}
+	h.svc.SetConfig(cfg)
+	return h
+}
+
+// count is the stored counter of a descriptor at the clock's time (0 when it
+// has none).
+func (h *svHarness) count(domain string, d *rlv3.RateLimitDescriptor) uint64 {
+	st, ok := h.store.Get(h.clock.Now(), AppendKey(nil, domain, d.Entries))
+	if !ok {
+		return 0
+	}
+	return st.Count
+}
+
+// svD builds a request descriptor from key, value pairs.
+func svD(kv ...string) *rlv3.RateLimitDescriptor {
+	d := &rlv3.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &rlv3.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// svHits sets the descriptor's own hits_addend.
+func svHits(d *rlv3.RateLimitDescriptor, n uint64) *rlv3.RateLimitDescriptor {
+	d.HitsAddend = wrapperspb.UInt64(n)
+	return d
+}
+
+// svLimit sets a request-level limit override.
+func svLimit(d *rlv3.RateLimitDescriptor, rpu uint32, unit typev3.RateLimitUnit) *rlv3.RateLimitDescriptor {
+	d.Limit = &rlv3.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit}
+	return d
+}
+
+// svReq builds a request; hits is the request-level hits_addend.
+func svReq(domain string, hits uint32, ds ...*rlv3.RateLimitDescriptor) *pb.RateLimitRequest {
+	return &pb.RateLimitRequest{Domain: domain, Descriptors: ds, HitsAddend: hits}
+}
+
+// svOKSt is the status of a descriptor with no limit: {code: OK} only.
+func svOKSt() *pb.RateLimitResponse_DescriptorStatus {
+	return &pb.RateLimitResponse_DescriptorStatus{Code: svOK}
+}
+
+// svUnlSt is the status of an unlimited descriptor.
+func svUnlSt() *pb.RateLimitResponse_DescriptorStatus {
+	return &pb.RateLimitResponse_DescriptorStatus{Code: svOK, LimitRemaining: 4294967295}
+}
+
+// svSt is the status of a limited descriptor.
+func svSt(code pb.RateLimitResponse_Code, rpu uint32, unit pb.RateLimitResponse_RateLimit_Unit, name string, remaining uint32, resetSec int64) *pb.RateLimitResponse_DescriptorStatus {
+	return &pb.RateLimitResponse_DescriptorStatus{
+		Code:               code,
+		CurrentLimit:       &pb.RateLimitResponse_RateLimit{Name: name, RequestsPerUnit: rpu, Unit: unit},
+		LimitRemaining:     remaining,
+		DurationUntilReset: durationpb.New(time.Duration(resetSec) * time.Second),
+	}
+}
+
+// svResp builds a whole response.
+func svResp(overall pb.RateLimitResponse_Code, sts ...*pb.RateLimitResponse_DescriptorStatus) *pb.RateLimitResponse {
+	return &pb.RateLimitResponse{OverallCode: overall, Statuses: sts}
+}
+
+// svStep is one point of a timeline: at time at, either a request and the
+// whole response (or error) it must get, or (req == nil) a check of the
+// counter stored for domain + desc.
+type svStep struct {
+	at      int64
+	req     *pb.RateLimitRequest
+	want    *pb.RateLimitResponse
+	wantErr string // non-empty: InvalidArgument with this in the message
+
+	domain    string
+	desc      *rlv3.RateLimitDescriptor
+	wantCount uint64
+}
+
+// svCount is a counter check step.
+func svCount(at int64, domain string, d *rlv3.RateLimitDescriptor, n uint64) svStep {
+	return svStep{at: at, domain: domain, desc: d, wantCount: n}
+}
+
+func svText(m proto.Message) string {
+	return prototext.MarshalOptions{Multiline: true, Indent: "  "}.Format(m)
+}
+
+// svRun plays steps in order against h.
+func svRun(t *testing.T, h *svHarness, steps []svStep) {
+	t.Helper()
+	for i, s := range steps {
+		h.clock.Set(s.at)
+		if s.req == nil {
+			if got := h.count(s.domain, s.desc); got != s.wantCount {
+				t.Fatalf("step %d (t0%+ds): counter of %v = %d, want %d", i, (s.at-svT0)/svSec, s.desc.Entries, got, s.wantCount)
+			}
+			continue
+		}
+		got, err := h.svc.ShouldRateLimit(context.Background(), s.req)
+		if s.wantErr != "" {
+			if status.Code(err) != codes.InvalidArgument || !strings.Contains(status.Convert(err).Message(), s.wantErr) {
+				t.Fatalf("step %d: err = %v, want InvalidArgument containing %q", i, err, s.wantErr)
+			}
+			if got != nil {
+				t.Fatalf("step %d: response %v with an error", i, got)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("step %d (t0%+ds): ShouldRateLimit: %v", i, (s.at-svT0)/svSec, err)
+		}
+		if !proto.Equal(got, s.want) {
+			t.Fatalf("step %d (t0%+ds): request\n%s\ngot\n%s\nwant\n%s", i, (s.at-svT0)/svSec, svText(s.req), svText(got), svText(s.want))
+		}
+	}
+}
+
+func TestServiceStatusShapes(t *testing.T) {
+	at := svT0 + 10*svSec // 50 s left in the minute
+	h := svNew(t, svConfig, Options{})
+	svRun(t, h, []svStep{
+		{at: at, req: svReq("shapes", 0,
+			svD("nolimit", "x"),          // node without rate_limit
+			svD("unlimited", "x"),        // unlimited
+			svD("unknown", "x"),          // no such key
+			svD("second", "x", "e", "y"), // deeper than the config
+			svD("path", "x"),             // shorter than the config
+			svD("minute", "x"),           // limited
+		), want: svResp(svOK,
+			svOKSt(), svUnlSt(), svOKSt(), svOKSt(), svOKSt(),
+			svSt(svOK, 5, svMinute, "per-minute", 4, 50))},
+		{at: at, req: svReq("shapes", 0, svD("path", "p", "user", "u")),
+			want: svResp(svOK, svSt(svOK, 3, svMinute, "", 2, 50))},
+		{at: at, req: svReq("no-such-domain", 0, svD("minute", "x"), svD("a", "1")),
+			want: svResp(svOK, svOKSt(), svOKSt())},
+		// Nothing was counted for descriptors without a limit.
+		svCount(at, "shapes", svD("nolimit", "x"), 0),
+		svCount(at, "shapes", svD("unlimited", "x"), 0),
+		svCount(at, "shapes", svD("second", "x", "e", "y"), 0),
+		svCount(at, "no-such-domain", svD("minute", "x"), 0),
+		svCount(at, "shapes", svD("minute", "x"), 1),
+	})
+}
+
+// TestServiceResetTimes checks duration_until_reset = unit - now % unit (in
+// whole seconds, now floored to the second as the reference's clock is) for
+// every unit at several times, including exact window boundaries. The values
+// are computed by hand from the Unix-epoch-aligned windows; month is 30 days
+// and year 365 days.
+func TestServiceResetTimes(t *testing.T) {
+	units := []struct {
+		key  string
+		unit pb.RateLimitResponse_RateLimit_Unit
+		name string
+	}{
+		{"second", svSecond, ""}, {"minute", svMinute, "per-minute"}, {"hour", svHour, ""},
+		{"day", svDay, ""}, {"week", svWeek, ""}, {"month", svMonth, ""}, {"year", svYear, ""},
+	}
+	tests := []struct {
+		name string
+		now  int64 // Unix ns
+		want [7]int64
+	}{
+		{"the epoch", 0,
+			[7]int64{1, 60, 3600, 86400, 604800, 2592000, 31536000}},
+		{"year, week and day boundary (day 20440)", 1_766_016_000 * svSec,
+			[7]int64{1, 60, 3600, 86400, 604800, 1728000, 31536000}},
+		{"half a second before that boundary", 1_766_016_000*svSec - svSec/2,
+			[7]int64{1, 1, 1, 1, 1, 1728001, 1}},
+		{"one ns before that boundary", 1_766_016_000*svSec - 1,
+			[7]int64{1, 1, 1, 1, 1, 1728001, 1}},
+		{"month boundary (day 20460)", 1_767_744_000 * svSec,
+			[7]int64{1, 60, 3600, 86400, 86400, 2592000, 29808000}},
+		{"t0+37s", svT0 + 37*svSec,
+			[7]int64{1, 23, 3563, 14363, 273563, 2519963, 24551963}},
+		{"t0+37.999999999s", svT0 + 38*svSec - 1,
+			[7]int64{1, 23, 3563, 14363, 273563, 2519963, 24551963}},
+		{"t0+6:59:59", svT0 + (6*3600+59*60+59)*svSec,
+			[7]int64{1, 1, 1, 75601, 248401, 2494801, 24526801}},
+	}
+	h := svNew(t, svConfig, Options{})
+	var steps []svStep
+	for i, tt := range tests {
+		for j, u := range units {
+			value := fmt.Sprintf("case-%d", i) // a fresh counter per case
+			steps = append(steps, svStep{at: tt.now,
+				req:  svReq("shapes", 0, svD(u.key, value)),
+				want: svResp(svOK, svSt(svOK, 5, u.unit, u.name, 4, tt.want[j]))})
+		}
+	}
+	svRun(t, h, steps)
+}
+
+// TestServiceLimitBoundary: with a limit of 100, hits 1..100 are OK with
+// remaining 99..0, hit 101 is over, and over-limit hits still count.
+func TestServiceLimitBoundary(t *testing.T) {
+	h := svNew(t, svConfig, Options{})
+	var steps []svStep
+	for i := 1; i <= 100; i++ {
+		at := svT0 + int64(i)*svSec/4 // 0.25 s apart: 25 s into the minute at most
+		steps = append(steps, svStep{at: at, req: svReq("shapes", 0, svD("hundred", "x")),
+			want: svResp(svOK, svSt(svOK, 100, svMinute, "", uint32(100-i), 60-int64(i)/4))})
+	}
+	at := svT0 + 30*svSec
+	steps = append(steps,
+		svStep{at: at, req: svReq("shapes", 0, svD("hundred", "x")),
+			want: svResp(svOver, svSt(svOver, 100, svMinute, "", 0, 30))},
+		svStep{at: at, req: svReq("shapes", 0, svD("hundred", "x")),
+			want: svResp(svOver, svSt(svOver, 100, svMinute, "", 0, 30))},
+		svCount(at, "shapes", svD("hundred", "x"), 102),
+		// The last nanosecond of the window is still in it.
+		svStep{at: svT0 + 60*svSec - 1, req: svReq("shapes", 0, svD("hundred", "x")),
+			want: svResp(svOver, svSt(svOver, 100, svMinute, "", 0, 1))},
+		// The next window starts afresh.
+		svStep{at: svT0 + 60*svSec, req: svReq("shapes", 0, svD("hundred", "x")),
+			want: svResp(svOK, svSt(svOK, 100, svMinute, "", 99, 60))},
+	)
+	svRun(t, h, steps)
+}
+
+func TestServiceTimelines(t *testing.T) {
+	const dom = "shapes"
+	t0, t1, t2 := svT0, svT0+svSec, svT0+2*svSec
+	lim := func(code pb.RateLimitResponse_Code, rpu, rem uint32, reset int64) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, rpu, svMinute, "", rem, reset)
+	}
+	pm := func(code pb.RateLimitResponse_Code, rem uint32, reset int64) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, 5, svMinute, "per-minute", rem, reset)
+	}
+	tests := []struct {
+		name  string
+		opt   Options
+		steps []svStep
+	}{
+		{"overall code is the OR of the descriptors, statuses in request order", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
+				want: svResp(svOK, lim(svOK, 1, 0, 60), lim(svOK, 10, 9, 60))},
+			{at: t1, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
+				want: svResp(svOver, lim(svOver, 1, 0, 59), lim(svOK, 10, 8, 59))},
+			{at: t2, req: svReq(dom, 0, svD("b", "1"), svD("a", "1")),
+				want: svResp(svOver, lim(svOK, 10, 7, 58), lim(svOver, 1, 0, 58))},
+			{at: t2, req: svReq(dom, 0, svD("b", "1"), svD("nolimit", "x"), svD("a", "1"), svD("unlimited", "u")),
+				want: svResp(svOver, lim(svOK, 10, 6, 58), svOKSt(), lim(svOver, 1, 0, 58), svUnlSt())},
+			{at: t0 + 60*svSec, req: svReq(dom, 0, svD("a", "1")),
+				want: svResp(svOK, lim(svOK, 1, 0, 60))},
+		}},
+		{"multi-hit requests cross the limit", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 3, svD("minute", "m")), want: svResp(svOK, pm(svOK, 2, 60))},
+			{at: t1, req: svReq(dom, 2, svD("minute", "m")), want: svResp(svOK, pm(svOK, 0, 59))},
+			{at: t1, req: svReq(dom, 0, svD("minute", "n")), want: svResp(svOK, pm(svOK, 4, 59))},
+			{at: t1, req: svReq(dom, 5, svD("minute", "n")), want: svResp(svOver, pm(svOver, 0, 59))},
+			svCount(t1, dom, svD("minute", "m"), 5),
+			svCount(t1, dom, svD("minute", "n"), 6),
+		}},
+		{"descriptor hits_addend wins; 0 checks only; request hits_addend 0 means 1", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 3, svHits(svD("minute", "m"), 1)), want: svResp(svOK, pm(svOK, 4, 60))},
+			{at: t0, req: svReq(dom, 3, svHits(svD("minute", "m"), 0)), want: svResp(svOK, pm(svOK, 4, 60))},
+			svCount(t0, dom, svD("minute", "m"), 1),
+			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOK, pm(svOK, 3, 60))},
+			{at: t0, req: svReq(dom, 2, svD("minute", "m")), want: svResp(svOK, pm(svOK, 1, 60))},
+			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOK, pm(svOK, 1, 60))},
+			// Per-descriptor hits in one request.
+			{at: t0, req: svReq(dom, 1, svHits(svD("minute", "m"), 2), svHits(svD("b", "1"), 7)),
+				want: svResp(svOver, pm(svOver, 0, 60), lim(svOK, 10, 3, 60))},
+			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOver, pm(svOver, 0, 60))},
+			// A check-only on an unseen key creates nothing.
+			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "fresh"), 0)), want: svResp(svOK, pm(svOK, 5, 60))},
+			svCount(t0, dom, svD("minute", "m"), 6),
+			svCount(t0, dom, svD("b", "1"), 7),
+			svCount(t0, dom, svD("minute", "fresh"), 0),
+		}},
+		{"over-limit hits still count by default", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 4, svD("minute", "m")), want: svResp(svOK, pm(svOK, 1, 60))},
+			{at: t0, req: svReq(dom, 3, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
+			svCount(t0, dom, svD("minute", "m"), 7),
+			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOver, pm(svOver, 0, 60))},
+		}},
+		{"StopIncrementWhenOverLimit: an over-limit hit does not increment", Options{StopIncrementWhenOverLimit: true}, []svStep{
+			{at: t0, req: svReq(dom, 4, svD("minute", "m")), want: svResp(svOK, pm(svOK, 1, 60))},
+			{at: t0, req: svReq(dom, 3, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
+			svCount(t0, dom, svD("minute", "m"), 4),
+			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOK, pm(svOK, 1, 60))},
+			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOK, pm(svOK, 0, 60))},
+			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
+			svCount(t0, dom, svD("minute", "m"), 5),
+		}},
+		{"StopIncrementWhenOverLimit: a request over on any descriptor consumes from none", Options{StopIncrementWhenOverLimit: true}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
+				want: svResp(svOK, lim(svOK, 1, 0, 60), lim(svOK, 10, 9, 60))},
+			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
+				want: svResp(svOver, lim(svOver, 1, 0, 60), lim(svOK, 10, 8, 60))},
+			{at: t0, req: svReq(dom, 0, svD("b", "1"), svD("a", "1")),
+				want: svResp(svOver, lim(svOK, 10, 8, 60), lim(svOver, 1, 0, 60))},
+			svCount(t0, dom, svD("a", "1"), 1),
+			svCount(t0, dom, svD("b", "1"), 1),
+			{at: t0, req: svReq(dom, 0, svD("b", "1")), want: svResp(svOK, lim(svOK, 10, 8, 60))},
+		}},
+		{"by default an over-limit descriptor does not stop the others counting", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
+				want: svResp(svOK, lim(svOK, 1, 0, 60), lim(svOK, 10, 9, 60))},
+			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
+				want: svResp(svOver, lim(svOver, 1, 0, 60), lim(svOK, 10, 8, 60))},
+			svCount(t0, dom, svD("a", "1"), 2),
+			svCount(t0, dom, svD("b", "1"), 2),
+		}},
+		{"requests_per_unit 0 or missing blocks everything", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("zero", "x")), want: svResp(svOver, lim(svOver, 0, 0, 60))},
+			{at: t1, req: svReq(dom, 0, svD("missing", "x")), want: svResp(svOver, lim(svOver, 0, 0, 59))},
+			{at: t1, req: svReq(dom, 0, svD("zero", "x")), want: svResp(svOver, lim(svOver, 0, 0, 59))},
+		}},
+		{"a matched rule named X is dropped when another matched rule replaces X", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("base", "1"), svD("vip", "1")),
+				want: svResp(svOK, svOKSt(), svSt(svOK, 1000, svMinute, "vip", 999, 60))},
+			{at: t0, req: svReq(dom, 0, svD("vip", "1"), svD("base", "1")),
+				want: svResp(svOK, svSt(svOK, 1000, svMinute, "vip", 998, 60), svOKSt())},
+			svCount(t0, dom, svD("base", "1"), 0),
+			{at: t0, req: svReq(dom, 0, svD("base", "1")),
+				want: svResp(svOK, svSt(svOK, 10, svMinute, "base", 9, 60))},
+			// Only matched rules replace: a vip descriptor that matches
+			// nothing leaves base alone.
+			{at: t0, req: svReq(dom, 0, svD("base", "1"), svD("vip", "1", "deeper", "x")),
+				want: svResp(svOK, svSt(svOK, 10, svMinute, "base", 8, 60), svOKSt())},
+			// An unlimited rule replaces, but is never replaced.
+			{at: t0, req: svReq(dom, 0, svD("base", "1"), svD("free", "1")),
+				want: svResp(svOK, svOKSt(), svUnlSt())},
+			{at: t0, req: svReq(dom, 0, svD("free", "1"), svD("nofree", "1")),
+				want: svResp(svOK, svUnlSt(), lim(svOK, 3, 2, 60))},
+			svCount(t0, dom, svD("base", "1"), 2),
+		}},
+		{"shadow_mode rule: code OK, still counted and reported", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("shadow", "s")), want: svResp(svOK, lim(svOK, 2, 1, 60))},
+			{at: t0, req: svReq(dom, 0, svD("shadow", "s")), want: svResp(svOK, lim(svOK, 2, 0, 60))},
+			{at: t0, req: svReq(dom, 0, svD("shadow", "s")), want: svResp(svOK, lim(svOK, 2, 0, 60))},
+			{at: t0, req: svReq(dom, 5, svD("shadow", "s")), want: svResp(svOK, lim(svOK, 2, 0, 60))},
+			svCount(t0, dom, svD("shadow", "s"), 8),
+			{at: t0, req: svReq(dom, 0, svD("shadow", "s"), svD("a", "1")),
+				want: svResp(svOK, lim(svOK, 2, 0, 60), lim(svOK, 1, 0, 60))},
+			{at: t0, req: svReq(dom, 0, svD("shadow", "s"), svD("a", "1")),
+				want: svResp(svOver, lim(svOK, 2, 0, 60), lim(svOver, 1, 0, 60))},
+		}},
+		{"global shadow mode: overall OK, descriptor codes stay", Options{ShadowMode: true}, []svStep{
+			{at: t0, req: svReq(dom, 0, svD("a", "1")), want: svResp(svOK, lim(svOK, 1, 0, 60))},
+			{at: t0, req: svReq(dom, 0, svD("a", "1")), want: svResp(svOK, lim(svOver, 1, 0, 60))},
+			{at: t0, req: svReq(dom, 0, svD("b", "1"), svD("a", "1")),
+				want: svResp(svOK, lim(svOK, 10, 9, 60), lim(svOver, 1, 0, 60))},
+			svCount(t0, dom, svD("a", "1"), 3),
+		}},
+		{"request-level limit override", Options{}, []svStep{
+			{at: t0, req: svReq(dom, 0, svLimit(svD("minute", "o"), 2, typev3.RateLimitUnit_SECOND)),
+				want: svResp(svOK, svSt(svOK, 2, svSecond, "", 1, 1))},
+			{at: t0 + svSec/2, req: svReq(dom, 0, svLimit(svD("minute", "o"), 2, typev3.RateLimitUnit_SECOND)),
+				want: svResp(svOK, svSt(svOK, 2, svSecond, "", 0, 1))},
+			{at: t0 + svSec/2, req: svReq(dom, 0, svLimit(svD("minute", "o"), 2, typev3.RateLimitUnit_SECOND)),
+				want: svResp(svOver, svSt(svOver, 2, svSecond, "", 0, 1))},
+			{at: t1, req: svReq(dom, 0, svLimit(svD("minute", "o"), 2, typev3.RateLimitUnit_SECOND)),
+				want: svResp(svOK, svSt(svOK, 2, svSecond, "", 1, 1))},
+			// An override applies to a descriptor the config does not limit.
+			{at: t0, req: svReq(dom, 0, svLimit(svD("nolimit", "x"), 3, typev3.RateLimitUnit_HOUR)),
+				want: svResp(svOK, svSt(svOK, 3, svHour, "", 2, 3600))},
+			{at: t0, req: svReq(dom, 0, svLimit(svD("not-in-config", "x"), 7, typev3.RateLimitUnit_DAY)),
+				want: svResp(svOK, svSt(svOK, 7, svDay, "", 6, 14400))},
+			// An override of a shadow_mode rule is not in shadow mode.
+			{at: t0, req: svReq(dom, 0, svLimit(svD("shadow", "o"), 0, typev3.RateLimitUnit_MINUTE)),
+				want: svResp(svOver, lim(svOver, 0, 0, 60))},
+			// Unknown domain: no limit, override or not.
+			{at: t0, req: svReq("no-such-domain", 0, svLimit(svD("minute", "o"), 0, typev3.RateLimitUnit_SECOND)),
+				want: svResp(svOK, svOKSt())},
+			{at: t0, req: svReq(dom, 0, svD("b", "1"), svLimit(svD("minute", "o"), 2, typev3.RateLimitUnit(99))),
+				wantErr: "descriptors[1].limit.unit: unknown unit 99"},
+			{at: t0, req: svReq(dom, 0, svLimit(svD("minute", "o"), 2, typev3.RateLimitUnit_UNKNOWN)),
+				wantErr: "unknown unit 0"},
+			svCount(t0, dom, svD("b", "1"), 0),
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			svRun(t, svNew(t, svConfig, tt.opt), tt.steps)
+		})
+	}
+}
+
+func TestServiceResponseHeaders(t *testing.T) {
+	hdr := func(names [3]string, limit, remaining, reset string) []*core.HeaderValue {
+		return []*core.HeaderValue{
+			{Key: names[0], Value: limit}, {Key: names[1], Value: remaining}, {Key: names[2], Value: reset},
+		}
+	}
+	std := [3]string{"RateLimit-Limit", "RateLimit-Remaining", "RateLimit-Reset"}
+	custom := [3]string{"X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset"}
+	tests := []struct {
+		name string
+		opt  Options
+		req  *pb.RateLimitRequest
+		want []*core.HeaderValue
+	}{
+		{"least remaining wins", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svD("b", "1"), svHits(svD("hour", "h"), 3), svD("unlimited", "u")),
+			hdr(std, "5", "2", "3590")},
+		{"over limit: remaining 0", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svD("b", "1"), svHits(svD("minute", "m"), 6)),
+			hdr(std, "5", "0", "50")},
+		{"an over-limit descriptor wins over an OK one at 0 remaining", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svHits(svD("minute", "m"), 5), svHits(svD("hour", "h"), 6), svD("b", "1")),
+			hdr(std, "5", "0", "3590")},
+		{"the last over-limit descriptor wins", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svHits(svD("hour", "h"), 6), svHits(svD("a", "1"), 2), svD("b", "1")),
+			hdr(std, "1", "0", "50")},
+		{"the first of equals wins", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svHits(svD("minute", "m"), 3), svHits(svD("hour", "h"), 3)),
+			hdr(std, "5", "2", "50")},
+		{"a shadow rule over its limit counts by remaining only", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svHits(svD("hour", "h"), 5), svHits(svD("shadow", "s"), 3)),
+			hdr(std, "5", "0", "3590")},
+		{"global shadow mode keeps the headers", Options{ResponseHeaders: true, ShadowMode: true},
+			svReq("shapes", 0, svD("b", "1"), svHits(svD("a", "1"), 2)),
+			hdr(std, "1", "0", "50")},
+		{"custom names", Options{ResponseHeaders: true, HeaderLimit: custom[0], HeaderRemaining: custom[1], HeaderReset: custom[2]},
+			svReq("shapes", 0, svD("b", "1")),
+			hdr(custom, "10", "9", "50")},
+		{"no limited descriptor: no headers", Options{ResponseHeaders: true},
+			svReq("shapes", 0, svD("nolimit", "x"), svD("unlimited", "u")), nil},
+		{"off by default", Options{},
+			svReq("shapes", 0, svD("b", "1")), nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := svNew(t, svConfig, tt.opt)
+			h.clock.Set(svT0 + 10*svSec)
+			resp, err := h.svc.ShouldRateLimit(context.Background(), tt.req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := resp.ResponseHeadersToAdd
+			if len(got) != len(tt.want) {
+				t.Fatalf("headers = %v, want %v", got, tt.want)
+			}
+			for i := range got {
+				if !proto.Equal(got[i], tt.want[i]) {
+					t.Fatalf("headers = %v, want %v", got, tt.want)
+				}
+			}
+		})
+	}
+}
+
+// TestServiceBadInput: a request the service refuses is InvalidArgument with
+// a message naming the bound, and counts nothing, even for its valid
+// descriptors.
+func TestServiceBadInput(t *testing.T) {
+	bounds := Bounds{MaxDescriptors: 2, MaxEntries: 2, MaxKeyLen: 6, MaxValueLen: 5, MaxDomainLen: 6}
+	good := func() *rlv3.RateLimitDescriptor { return svD("b", "1") }
+	entry := func(k, v string) *rlv3.RateLimitDescriptor_Entry {
+		return &rlv3.RateLimitDescriptor_Entry{Key: k, Value: v}
+	}
+	tests := []struct {
+		name string
+		req  *pb.RateLimitRequest
+		want string
+	}{
+		{"nil request", nil, "domain must not be empty"},
+		{"empty domain", svReq("", 0, good()), "domain must not be empty"},
+		{"no descriptors", svReq("shapes", 0), "descriptor list must not be empty"},
+		{"nil descriptor", svReq("shapes", 0, good(), nil), "descriptors[1]: no entries"},
+		{"descriptor without entries", svReq("shapes", 0, good(), &rlv3.RateLimitDescriptor{}), "descriptors[1]: no entries"},
+		{"empty key", svReq("shapes", 0, good(), svD("", "v")), "descriptors[1].entries[0]: empty key"},
+		{"nil entry", svReq("shapes", 0, good(), &rlv3.RateLimitDescriptor{
+			Entries: []*rlv3.RateLimitDescriptor_Entry{entry("k", "v"), nil}}), "descriptors[1].entries[1]: empty key"},
+		{"too many descriptors", svReq("shapes", 0, good(), good(), good()), "3 descriptors, more than the bound of 2"},
+		{"too many entries", svReq("shapes", 0, good(), svD("a", "1", "b", "2", "c", "3")),
+			"descriptors[1]: 3 entries, more than the bound of 2"},
+		{"key too long", svReq("shapes", 0, good(), svD("b", "1", "abcdefg", "1")),
+			"descriptors[1].entries[1].key: 7 bytes, more than the bound of 6"},
+		{"value too long", svReq("shapes", 0, good(), svD("b", "123456")),
+			"descriptors[1].entries[0].value: 6 bytes, more than the bound of 5"},
+		{"domain too long", svReq("shapes7", 0, good()), "domain is 7 bytes, more than the bound of 6"},
+		{"unknown override unit", svReq("shapes", 0, good(), svLimit(svD("b", "2"), 1, typev3.RateLimitUnit(42))),
+			"descriptors[1].limit.unit: unknown unit 42"},
+	}
+	h := svNew(t, svConfig, Options{Bounds: bounds})
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := h.svc.ShouldRateLimit(context.Background(), tt.req)
+			if resp != nil {
+				t.Errorf("response %v with an invalid request", resp)
+			}
+			if got := status.Code(err); got != codes.InvalidArgument {
+				t.Fatalf("code = %v (%v), want InvalidArgument", got, err)
+			}
+			if msg := status.Convert(err).Message(); !strings.HasPrefix(msg, "rls: invalid request: ") || !strings.Contains(msg, tt.want) {
+				t.Fatalf("message = %q, want it to contain %q", msg, tt.want)
+			}
+		})
+	}
+	if n := h.store.Len(); n != 0 {
+		t.Fatalf("store has %d entries after invalid requests, want 0", n)
+	}
+	if got := svMetric(t, h.svc.metrics.totalHits, "shapes", "b"); got != 0 {
+		t.Fatalf("total_hits = %v after invalid requests, want 0", got)
+	}
+	// At the bounds, the request is fine.
+	resp, err := h.svc.ShouldRateLimit(context.Background(),
+		svReq("shapes", 0, svD("b", "12345"), svD("path", "v", "user", "u")))
+	if err != nil {
+		t.Fatalf("request at the bounds: %v", err)
+	}
+	if resp.Statuses[0].LimitRemaining != 9 || resp.Statuses[1].LimitRemaining != 2 {
+		t.Fatalf("request at the bounds: %v", resp)
+	}
+}
+
+// TestServiceSeedConcurrent is the seed scenario's functional test: one
+// client IP sends 180 concurrent requests in one minute; exactly 100 pass.
+// Two other IPs send 90 each and all pass.
+func TestServiceSeedConcurrent(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	h := svNew(t, svSeedConfig, Options{})
+	h.clock.Set(svT0 + 5*svSec)
+	seedReq := func(ip string) *pb.RateLimitRequest {
+		return svReq("ratelimit", 0, svD("remote_address", ip, "PATH", "POST /login"))
+	}
+	var ok, over, other atomic.Int64
+	var wg sync.WaitGroup
+	send := func(ip string, n int, ok, over *atomic.Int64) {
+		for range n {
+			wg.Go(func() {
+				resp, err := h.svc.ShouldRateLimit(context.Background(), seedReq(ip))
+				switch {
+				case err != nil:
+					other.Add(1)
+				case resp.OverallCode == svOK:
+					ok.Add(1)
+				case resp.OverallCode == svOver:
+					over.Add(1)
+				default:
+					other.Add(1)
+				}
+			})
+		}
+	}
+	var okA, overA, okB, overB atomic.Int64
+	send("10.0.0.1", 180, &ok, &over)
+	send("10.0.0.2", 90, &okA, &overA)
+	send("10.0.0.3", 90, &okB, &overB)
+	wg.Wait()
+	if ok.Load() != 100 || over.Load() != 80 || other.Load() != 0 {
+		t.Fatalf("180 requests from one IP: %d OK, %d over, %d other; want 100, 80, 0", ok.Load(), over.Load(), other.Load())
+	}
+	if okA.Load() != 90 || okB.Load() != 90 || overA.Load()+overB.Load() != 0 {
+		t.Fatalf("90 requests from each of two IPs: %d and %d OK, want 90 each", okA.Load(), okB.Load())
+	}
+	if got := h.count("ratelimit", seedReq("10.0.0.1").Descriptors[0]); got != 180 {
+		t.Fatalf("counter = %d, want 180", got)
+	}
+	if got := svMetric(t, h.svc.metrics.overLimit, "ratelimit", "remote_address.PATH"); got != 80 {
+		t.Fatalf("over_limit = %v, want 80", got)
+	}
+}
+
+// TestServiceSeedSequential: the seed limit, one request at a time: remaining
+// counts 99..0, then OVER_LIMIT until the minute ends.
+func TestServiceSeedSequential(t *testing.T) {
+	h := svNew(t, svSeedConfig, Options{})
+	req := svReq("ratelimit", 0, svD("remote_address", "192.0.2.7", "PATH", "GET /api/healthz"))
+	st := func(code pb.RateLimitResponse_Code, rem uint32, reset int64) *pb.RateLimitResponse {
+		return svResp(code, svSt(code, 100, svMinute, "", rem, reset))
+	}
+	var steps []svStep
+	for i := range 100 {
+		at := svT0 + 30*svSec + int64(i)*svSec/10 // 30.0 s .. 39.9 s
+		steps = append(steps, svStep{at: at, req: req, want: st(svOK, uint32(99-i), 30-int64(i)/10)})
+	}
+	for i := range 5 {
+		at := svT0 + 50*svSec + int64(i)*svSec
+		steps = append(steps, svStep{at: at, req: req, want: st(svOver, 0, 10-int64(i))})
+	}
+	steps = append(steps, svStep{at: svT0 + 60*svSec, req: req, want: st(svOK, 99, 60)})
+	svRun(t, h, steps)
+}
+
+// TestServiceSetConfig: a new config takes effect for the next request;
+// counters are kept by key.
+func TestServiceSetConfig(t *testing.T) {
+	h := svNew(t, svConfig, Options{})
+	req := svReq("shapes", 0, svD("b", "1"))
+	svRun(t, h, []svStep{{at: svT0, req: req, want: svResp(svOK, svSt(svOK, 10, svMinute, "", 9, 60))}})
+	cfg, err := Parse("other.yaml", []byte("domain: shapes\ndescriptors:\n  - key: b\n    rate_limit: {unit: minute, requests_per_unit: 2}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.svc.SetConfig(cfg)
+	if h.svc.Config() != cfg {
+		t.Fatal("Config() is not the config just set")
+	}
+	svRun(t, h, []svStep{
+		{at: svT0, req: req, want: svResp(svOK, svSt(svOK, 2, svMinute, "", 0, 60))},
+		{at: svT0, req: req, want: svResp(svOver, svSt(svOver, 2, svMinute, "", 0, 60))},
+		{at: svT0, req: svReq("shapes", 0, svD("a", "1")), want: svResp(svOK, svOKSt())},
+	})
+}
+
+func TestNewServiceErrors(t *testing.T) {
+	store := LocalCounter{Store: bucket.NewStore(bucket.StoreConfig{})}
+	tests := []struct {
+		name    string
+		opt     Options
+		counter Counter
+		want    string
+	}{
+		{"nil counter", Options{}, nil, "rls: nil counter"},
+		{"negative ratio", Options{NearLimitRatio: -0.1}, store, "rls: near limit ratio -0.1 is not in [0, 1]"},
+		{"ratio above 1", Options{NearLimitRatio: 1.5}, store, "rls: near limit ratio 1.5 is not in [0, 1]"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			s, err := NewService(tt.opt, tt.counter, nil)
+			if err == nil || err.Error() != tt.want || s != nil {
+				t.Fatalf("NewService = %v, %v; want nil, %q", s, err, tt.want)
+			}
+		})
+	}
+	// The zero Options work, with the system clock.
+	s, err := NewService(Options{}, store, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := s.ShouldRateLimit(context.Background(), svReq("d", 0, svD("k", "v")))
+	if err != nil || !proto.Equal(resp, svResp(svOK, svOKSt())) {
+		t.Fatalf("empty config: %v, %v", resp, err)
+	}
+}
+
+// TestServiceAllocs reports the allocations of one ShouldRateLimit call on a
+// warm key (the response itself must be allocated: the message, its status
+// slice, the status, current_limit and duration_until_reset).
+func TestServiceAllocs(t *testing.T) {
+	if testing.Short() {
+		t.Skip("allocation counts are not meaningful in -short")
+	}
+	h := svNew(t, svSeedConfig, Options{})
+	req := svReq("ratelimit", 0, svD("remote_address", "10.1.2.3", "PATH", "GET /api/healthz"))
+	ctx := context.Background()
+	if _, err := h.svc.ShouldRateLimit(ctx, req); err != nil {
+		t.Fatal(err)
+	}
+	allocs := testing.AllocsPerRun(1000, func() {
+		if _, err := h.svc.ShouldRateLimit(ctx, req); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Logf("ShouldRateLimit on a warm key: %v allocs/op", allocs)
+	if allocs > 40 {
+		t.Fatalf("ShouldRateLimit on a warm key: %v allocs/op, want at most 40", allocs)
+	}
+}
+
+// BenchmarkShouldRateLimit decides the seed's request for 1024 client IPs in
+// parallel, at a fixed time.
+func BenchmarkShouldRateLimit(b *testing.B) {
+	h := svNew(b, svSeedConfig, Options{})
+	reqs := make([]*pb.RateLimitRequest, 1024)
+	for i := range reqs {
+		reqs[i] = svReq("ratelimit", 0, svD("remote_address", fmt.Sprintf("10.0.%d.%d", i/256, i%256), "PATH", "GET /api/healthz"))
+	}
+	var next atomic.Uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(p *testing.PB) {
+		i := next.Add(7919)
+		ctx := context.Background()
+		for p.Next() {
+			i++
+			if _, err := h.svc.ShouldRateLimit(ctx, reqs[i%uint64(len(reqs))]); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
