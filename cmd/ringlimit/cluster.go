@@ -2,10 +2,13 @@ package main
 
 import (
 	"context"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"strings"
 
 	sockaddr "github.com/hashicorp/go-sockaddr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,6 +33,12 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 	if err != nil {
 		return nil, err
 	}
+	var key []byte
+	if c.GossipKeyFile != "" {
+		if key, err = readGossipKey(c.GossipKeyFile); err != nil {
+			return nil, err
+		}
+	}
 	n, err := cluster.NewNode(cluster.NodeConfig{
 		Membership: cluster.MembershipConfig{
 			ID:            c.NodeName,
@@ -37,6 +46,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 			BindAddr:      c.GossipAddr,
 			AdvertiseAddr: c.AdvertiseAddr,
 			Join:          c.joinList(),
+			SecretKey:     key,
 			Logger:        log,
 		},
 		Local:      store,
@@ -93,4 +103,21 @@ func (n *clusterNode) close() {
 	if err := n.node.Close(); err != nil {
 		n.log.Warn("cluster close", "err", err)
 	}
+}
+
+// readGossipKey reads a base64 AES key, as `openssl rand -base64 32` writes.
+func readGossipKey(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("serve: --gossip-key-file: %w", err)
+	}
+	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
+	if err != nil {
+		return nil, fmt.Errorf("serve: --gossip-key-file: %s: not base64: %w", path, err)
+	}
+	switch len(key) {
+	case 16, 24, 32:
+		return key, nil
+	}
+	return nil, fmt.Errorf("serve: --gossip-key-file: %s: key is %d bytes, want 16, 24 or 32", path, len(key))
 }

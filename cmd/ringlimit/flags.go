@@ -43,6 +43,7 @@ type serveConfig struct {
 	GossipAddr    string
 	AdvertiseAddr string
 	Join          string
+	GossipKeyFile string
 
 	DryRun bool
 }
@@ -131,6 +132,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
 	str(&c.AdvertiseAddr, "advertise-addr", "", "host or host:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
+	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
 }

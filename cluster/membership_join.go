@@ -1,0 +1,122 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"time"
+)
+
+// mshipJoinLoop joins cfg.Join with capped exponential backoff until the
+// first success (or until another node joins us), then re-joins every
+// RejoinInterval so that partitions that healed merge again. It returns when
+// Leave or Close is called; a join in flight finishes first (memberlist's Join
+// is synchronous and bounded by its TCP timeout).
+func (m *Membership) mshipJoinLoop() {
+	defer m.wg.Done()
+	backoff := mshipJoinBackoffMin
+	maxBackoff := min(mshipJoinBackoffMax, m.rejoin)
+	failures := 0
+	for !m.joined.Load() {
+		if err := m.mshipJoinOnce(); err == nil {
+			break
+		}
+		failures++
+		if failures == 1 {
+			m.logger.Warn("cluster: join failed, retrying in the background", "join", m.join, "err", m.JoinError())
+		} else {
+			m.logger.Debug("cluster: join failed", "attempt", failures, "err", m.JoinError())
+		}
+		// Full backoff plus up to 50% jitter, so restarted pods do not
+		// retry in lockstep.
+		wait := backoff + rand.N(backoff/2+1)
+		if !m.mshipSleep(wait) {
+			return
+		}
+		backoff = min(2*backoff, maxBackoff)
+	}
+	if failures > 0 {
+		m.logger.Info("cluster: joined after retrying", "failed_attempts", failures)
+	}
+
+	tick := time.NewTicker(m.rejoin)
+	defer tick.Stop()
+	failing := false
+	for {
+		select {
+		case <-m.joinStop:
+			return
+		case <-tick.C:
+		}
+		err := m.mshipJoinOnce()
+		switch {
+		case err != nil && !failing:
+			m.logger.Warn("cluster: periodic re-join reached no node", "join", m.join, "err", err)
+		case err != nil:
+			m.logger.Debug("cluster: periodic re-join reached no node", "err", err)
+		case failing:
+			m.logger.Info("cluster: periodic re-join reached a node again")
+		}
+		failing = err != nil
+	}
+}
+
+// mshipSleep waits d or until joining stops; it reports whether to go on.
+func (m *Membership) mshipSleep(d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-m.joinStop:
+		return false
+	case <-t.C:
+		return true
+	}
+}
+
+// mshipJoinOnce contacts every Join address once and records the outcome.
+func (m *Membership) mshipJoinOnce() error {
+	select {
+	case <-m.joinStop:
+		return errors.New("cluster: join: stopped")
+	default:
+	}
+	n, err := m.mshipJoin()
+	if n > 0 {
+		err = nil
+		m.joined.Store(true)
+	} else if err == nil {
+		err = errors.New("no address to contact")
+	}
+	if err != nil {
+		err = fmt.Errorf("cluster: join %v: %w", m.join, mshipOneLine{err})
+	}
+	m.mu.Lock()
+	m.joinErr = err
+	m.mu.Unlock()
+	return err
+}
+
+func (m *Membership) mshipJoin() (n int, err error) {
+	defer mshipRecover(&err)
+	return m.ml.Join(m.join)
+}
+
+// mshipOneLine prints memberlist's multi-line join error (a go-multierror
+// list) on one line, "; "-separated, and unwraps to it.
+type mshipOneLine struct{ err error }
+
+func (e mshipOneLine) Unwrap() error { return e.err }
+
+func (e mshipOneLine) Error() string {
+	if l, ok := e.err.(interface{ WrappedErrors() []error }); ok {
+		parts := make([]string, 0, len(l.WrappedErrors()))
+		for _, x := range l.WrappedErrors() {
+			parts = append(parts, x.Error())
+		}
+		if len(parts) > 0 {
+			return strings.Join(parts, "; ")
+		}
+	}
+	return e.err.Error()
+}

@@ -1,0 +1,128 @@
+package cluster
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+func TestMshipMetaRoundTrip(t *testing.T) {
+	tests := []struct {
+		name string
+		meta mshipMeta
+	}{
+		{"typical", mshipMeta{ID: "ringlimit-0", GRPCAddr: "10.0.0.7:8081", Started: 1_700_000_000_123_456_789}},
+		{"leaving", mshipMeta{ID: "ringlimit-1", GRPCAddr: "10.0.0.8:8081", Started: 42, Leaving: true}},
+		{"negative start", mshipMeta{ID: "x", GRPCAddr: "[::1]:1", Started: -1}},
+		{"utf8 id", mshipMeta{ID: "nœud/é", GRPCAddr: "h:1", Started: 0}},
+		{"largest that fits", mshipMeta{ID: strings.Repeat("i", 400), GRPCAddr: strings.Repeat("g", 95) + ":1", Started: 1<<63 - 1}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			b, err := mshipEncodeMeta(tt.meta)
+			if err != nil {
+				t.Fatalf("encode: %v", err)
+			}
+			if len(b) > mshipMetaMax {
+				t.Fatalf("encoded %d bytes, limit %d", len(b), mshipMetaMax)
+			}
+			got, err := mshipDecodeMeta(b)
+			if err != nil {
+				t.Fatalf("decode: %v", err)
+			}
+			if got != tt.meta {
+				t.Fatalf("round trip: got %+v, want %+v", got, tt.meta)
+			}
+		})
+	}
+}
+
+func TestMshipMetaErrors(t *testing.T) {
+	valid, err := mshipEncodeMeta(mshipMeta{ID: "a", GRPCAddr: "h:1", Started: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	encodeTests := []struct {
+		name string
+		meta mshipMeta
+		want string
+	}{
+		{"empty id", mshipMeta{GRPCAddr: "h:1"}, "empty ID"},
+		{"empty grpc", mshipMeta{ID: "a"}, "empty GRPCAddr"},
+		{"bad utf8", mshipMeta{ID: "\xff", GRPCAddr: "h:1"}, "UTF-8"},
+		{"too big", mshipMeta{ID: strings.Repeat("i", 510), GRPCAddr: "h:1"}, "exceeds the 512-byte limit"},
+	}
+	for _, tt := range encodeTests {
+		t.Run("encode/"+tt.name, func(t *testing.T) {
+			_, err := mshipEncodeMeta(tt.meta)
+			if err == nil || !strings.Contains(err.Error(), tt.want) || !strings.HasPrefix(err.Error(), "cluster: ") {
+				t.Fatalf("got %v, want error containing %q", err, tt.want)
+			}
+		})
+	}
+	decodeTests := []struct {
+		name string
+		in   []byte
+		want string
+	}{
+		{"nil", nil, "truncated"},
+		{"version only", []byte{1}, "truncated"},
+		{"unknown version", append([]byte{2}, valid[1:]...), "unknown version 2"},
+		{"truncated id", valid[:3], "truncated"},
+		{"truncated started", valid[:len(valid)-1], "truncated"},
+		{"trailing", append(bytes.Clone(valid), 0), "1 trailing bytes"},
+		{"empty id", []byte{1, 0, 0, 3, 'h', ':', '1', 0}, "empty ID"},
+		{"id length overflows", []byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f}, "truncated"},
+		{"oversized", make([]byte, 600), "exceeds"},
+	}
+	for _, tt := range decodeTests {
+		t.Run("decode/"+tt.name, func(t *testing.T) {
+			_, err := mshipDecodeMeta(tt.in)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("got %v, want error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestMshipMetaUnknownFlagsIgnored(t *testing.T) {
+	b, err := mshipEncodeMeta(mshipMeta{ID: "a", GRPCAddr: "h:1", Started: 5})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b[1] |= 0x80
+	got, err := mshipDecodeMeta(b)
+	if err != nil || got.Leaving {
+		t.Fatalf("got %+v, %v; want the node decoded, not leaving", got, err)
+	}
+}
+
+// FuzzMshipMeta checks that decoding never panics and that whatever decodes
+// re-encodes to something that decodes to the same value.
+func FuzzMshipMeta(f *testing.F) {
+	for _, m := range []mshipMeta{
+		{ID: "ringlimit-0", GRPCAddr: "10.0.0.7:8081", Started: 1},
+		{ID: "b", GRPCAddr: "h:2", Started: -9, Leaving: true},
+	} {
+		b, err := mshipEncodeMeta(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Add([]byte{1, 0, 0x80, 0x00})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		m, err := mshipDecodeMeta(b)
+		if err != nil {
+			return
+		}
+		again, err := mshipEncodeMeta(m)
+		if err != nil {
+			t.Fatalf("decoded %+v does not re-encode: %v", m, err)
+		}
+		m2, err := mshipDecodeMeta(again)
+		if err != nil || m2 != m {
+			t.Fatalf("re-decode: got %+v, %v; want %+v", m2, err, m)
+		}
+	})
+}

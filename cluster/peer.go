@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+)
+
+// errPeerClosed completes the ops still queued to a peer client that closed.
+var errPeerClosed = errors.New("cluster: peer client closed")
+
+// peerClient is the client side of one peer: a connection, a queue of
+// forwarded ops, fwdInflight sender goroutines that drain the queue into
+// Decide RPCs, and a probe goroutine (suspect.go). close stops and joins
+// them all.
+type peerClient struct {
+	f      *Forwarder
+	id     string
+	addr   string
+	conn   *grpc.ClientConn
+	client peerpb.PeerClient
+
+	queue chan *fwdItem
+	ctx   context.Context // cancelled by close: ends in-flight RPCs
+	stop  context.CancelFunc
+	done  chan struct{} // closed by close
+	wg    sync.WaitGroup
+
+	suspect      atomic.Bool
+	fails        atomic.Int32  // failures since the last answer
+	suspectSince atomic.Int64  // f.mono() when suspect was set
+	wake         chan struct{} // capacity 1: wakes the probe
+	closeOnce    sync.Once
+	closeErr     error
+}
+
+func newPeerClient(f *Forwarder, id, addr string) (*peerClient, error) {
+	conn, err := grpc.NewClient(addr, f.dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("cluster: dial peer %s at %s: %w", id, addr, err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p := &peerClient{
+		f:      f,
+		id:     id,
+		addr:   addr,
+		conn:   conn,
+		client: peerpb.NewPeerClient(conn),
+		queue:  make(chan *fwdItem, max(f.maxBatch*fwdInflight, fwdMinQueue)),
+		ctx:    ctx,
+		stop:   stop,
+		done:   make(chan struct{}),
+		wake:   make(chan struct{}, 1),
+	}
+	conn.Connect() // be ready before the first forwarded op
+	p.wg.Add(fwdInflight + 1)
+	for range fwdInflight {
+		go p.sendLoop()
+	}
+	go p.probeLoop()
+	return p, nil
+}
+
+// enqueue queues it without blocking. ok is false when the queue is full or
+// the client is closed (closed is then true).
+func (p *peerClient) enqueue(it *fwdItem) (ok, closed bool) {
+	select {
+	case <-p.done:
+		return false, true
+	default:
+	}
+	select {
+	case p.queue <- it:
+		return true, false
+	default:
+		return false, false
+	}
+}
+
+// close stops the client: it cancels in-flight RPCs, joins the goroutines,
+// fails the ops still queued and closes the connection. Idempotent.
+func (p *peerClient) close() error {
+	p.closeOnce.Do(func() {
+		close(p.done)
+		p.stop()
+		p.wg.Wait()
+		p.failQueued()
+		p.closeErr = p.conn.Close()
+	})
+	return p.closeErr
+}
+
+// failQueued completes every queued item with errPeerClosed. An item queued
+// after this (a race with close) waits for its request's timeout.
+func (p *peerClient) failQueued() {
+	for {
+		select {
+		case it := <-p.queue:
+			it.complete(bucket.Result{}, errPeerClosed)
+		default:
+			return
+		}
+	}
+}
+
+// peerSendBuf is one sender's reusable request.
+type peerSendBuf struct {
+	batch []*fwdItem
+	req   peerpb.DecideRequest
+	ops   []peerpb.Op // backing store of req.Ops
+	ptrs  []*peerpb.Op
+}
+
+// sendLoop takes whatever is queued, up to MaxBatch ops and
+// fwdMaxBatchBytes of keys, and sends it as one Decide RPC; it never waits
+// for more ops to arrive.
+func (p *peerClient) sendLoop() {
+	defer p.wg.Done()
+	maxOps := p.f.maxBatch
+	b := &peerSendBuf{
+		batch: make([]*fwdItem, 0, maxOps),
+		ops:   make([]peerpb.Op, maxOps),
+		ptrs:  make([]*peerpb.Op, 0, maxOps),
+	}
+	b.req.From = p.f.self
+	var carry *fwdItem // taken from the queue but did not fit the last batch
+	for {
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-p.queue:
+			case <-p.done:
+				return
+			}
+		}
+		b.batch = append(b.batch[:0], first)
+		size := len(first.key)
+	fill:
+		for len(b.batch) < maxOps {
+			select {
+			case it := <-p.queue:
+				if size+len(it.key) > fwdMaxBatchBytes {
+					carry = it
+					break fill
+				}
+				size += len(it.key)
+				b.batch = append(b.batch, it)
+			default:
+				break fill
+			}
+		}
+		p.decide(b)
+		clear(b.batch)
+	}
+}
+
+// decide sends b.batch as one Decide RPC and completes its items.
+func (p *peerClient) decide(b *peerSendBuf) {
+	live := b.batch[:0]
+	b.ptrs = b.ptrs[:0]
+	for _, it := range b.batch {
+		if it.state.Load() == fwdAbandoned {
+			continue // its waiter has decided it already: do not count it twice
+		}
+		o := &b.ops[len(live)]
+		o.Key = it.op.Key
+		o.Algorithm = uint32(it.op.Limit.Algorithm)
+		o.Requests = it.op.Limit.Requests
+		o.UnitNs = it.op.Limit.Unit
+		o.Hits = it.op.Hits
+		o.Mode = uint32(it.op.Mode)
+		b.ptrs = append(b.ptrs, o)
+		live = append(live, it)
+	}
+	if len(live) == 0 {
+		return
+	}
+	b.req.Ops = b.ptrs
+	ctx, cancel := context.WithTimeout(p.ctx, max(p.f.timeout, fwdMaxWait))
+	start := time.Now()
+	resp, err := p.client.Decide(ctx, &b.req)
+	cancel()
+	p.f.m.rpcDuration.Observe(time.Since(start).Seconds())
+	p.f.m.batchSize.Observe(float64(len(live)))
+	for i := range b.ops[:len(live)] {
+		b.ops[i].Key = nil // do not pin the items' key buffers
+	}
+	if err == nil && len(resp.GetResults()) != len(live) {
+		err = fmt.Errorf("cluster: peer %s answered %d results for %d ops", p.id, len(resp.GetResults()), len(live))
+	}
+	if err != nil {
+		// A refused batch means a protocol mismatch, not a down peer; a
+		// closing client is not the peer's fault either.
+		// A missed deadline was already noted by the waiters, as a timeout.
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.DeadlineExceeded:
+		default:
+			if p.ctx.Err() == nil {
+				p.noteFailure("error", err)
+			}
+		}
+		for _, it := range live {
+			it.complete(bucket.Result{}, err)
+		}
+		return
+	}
+	p.fails.Store(0)
+	for i, it := range live {
+		r := resp.Results[i]
+		it.complete(bucket.Result{
+			Over:       r.GetOver(),
+			Count:      r.GetCount(),
+			Remaining:  r.GetRemaining(),
+			ResetAfter: r.GetResetAfterNs(),
+		}, nil)
+	}
+}

@@ -1,0 +1,259 @@
+package cluster
+
+import (
+	"context"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+)
+
+// Kinds of peers that do not answer.
+const (
+	fwdPeerBlocking = "blocking handler" // a Peer server whose handlers wait for a gate
+	fwdPeerSilent   = "silent listener"  // accepts TCP connections and never speaks
+	fwdPeerRefused  = "refused"          // nothing listens on the port
+)
+
+// fwdFakePeer is a peer "b" that does not answer until open is called
+// (blocking kind), or never (the others).
+type fwdFakePeer struct {
+	addr    string
+	gate    chan struct{}
+	once    sync.Once
+	decides atomic.Int64 // Decide calls received
+	decided atomic.Int64 // ops answered
+	pings   atomic.Int64 // Ping calls received
+}
+
+// open lets the blocking handlers answer, now and from now on.
+func (p *fwdFakePeer) open() { p.once.Do(func() { close(p.gate) }) }
+
+type fwdBlockingServer struct {
+	peerpb.UnimplementedPeerServer
+	p *fwdFakePeer
+}
+
+func (s fwdBlockingServer) Decide(ctx context.Context, req *peerpb.DecideRequest) (*peerpb.DecideResponse, error) {
+	s.p.decides.Add(1)
+	select {
+	case <-s.p.gate:
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	out := &peerpb.DecideResponse{}
+	for range req.GetOps() {
+		out.Results = append(out.Results, &peerpb.Result{Count: 777})
+	}
+	s.p.decided.Add(int64(len(req.GetOps())))
+	return out, nil
+}
+
+func (s fwdBlockingServer) Ping(ctx context.Context, _ *peerpb.PingRequest) (*peerpb.PingResponse, error) {
+	s.p.pings.Add(1)
+	select {
+	case <-s.p.gate:
+		return &peerpb.PingResponse{Id: "b"}, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+func fwdStartFakePeer(t testing.TB, kind string) *fwdFakePeer {
+	t.Helper()
+	p := &fwdFakePeer{gate: make(chan struct{})}
+	lis := fwdListen(t)
+	p.addr = lis.Addr().String()
+	switch kind {
+	case fwdPeerBlocking:
+		srv := grpc.NewServer()
+		peerpb.RegisterPeerServer(srv, fwdBlockingServer{p: p})
+		fwdServe(t, srv, lis)
+		t.Cleanup(p.open) // release handlers first (cleanups run last-in first-out)
+	case fwdPeerSilent:
+		var (
+			wg    sync.WaitGroup
+			mu    sync.Mutex
+			conns []net.Conn
+		)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				c, err := lis.Accept()
+				if err != nil {
+					return
+				}
+				mu.Lock()
+				conns = append(conns, c)
+				mu.Unlock()
+			}
+		}()
+		t.Cleanup(func() {
+			lis.Close()
+			wg.Wait()
+			mu.Lock()
+			defer mu.Unlock()
+			for _, c := range conns {
+				c.Close()
+			}
+		})
+	case fwdPeerRefused:
+		lis.Close()
+	default:
+		t.Fatalf("unknown peer kind %q", kind)
+	}
+	return p
+}
+
+func TestForwardDeadPeer(t *testing.T) {
+	const timeout = 50 * time.Millisecond
+	// Scheduling slack: -race on 2 shared cores stalls goroutines for
+	// hundreds of milliseconds at times. The point is "about Timeout", not
+	// the 5 s an exactness test allows, nor forever.
+	const slack = time.Second
+	tests := []struct {
+		kind       string
+		wantReason string // of the first fallbacks; "" for any
+	}{
+		{fwdPeerBlocking, "timeout"},
+		// A stalled test may meet the 1 s connect timeout first: "error".
+		{fwdPeerSilent, ""},
+		{fwdPeerRefused, "error"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.kind, func(t *testing.T) {
+			peer := fwdStartFakePeer(t, tt.kind)
+			nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+				c.Timeout = timeout
+			})
+			a := nodes["a"]
+			if tt.kind == fwdPeerRefused {
+				// Let the connection attempt fail first, so the op meets a
+				// refused peer rather than one still connecting.
+				p := (*a.f.peers.Load())["b"]
+				fwdWaitFor(t, 5*time.Second, "the dial to fail", func() bool {
+					return p.conn.GetState().String() == "TRANSIENT_FAILURE"
+				})
+			}
+
+			// The first request waits about Timeout, then falls back.
+			ops := []bucket.Op{fwdOp("b/1"), fwdOp("a/1"), fwdOp("b/2")}
+			res := make([]bucket.Result, len(ops))
+			start := time.Now()
+			a.f.Apply(context.Background(), a.now, ops, res)
+			took := time.Since(start)
+			t.Logf("first Apply took %v", took)
+			if took > timeout+slack || (tt.kind != fwdPeerRefused && took < timeout) {
+				t.Errorf("Apply took %v, want about %v", took, timeout)
+			}
+			for i, r := range res {
+				if r.Count != 1 || r.ResetAfter != a.now {
+					t.Errorf("result %d = %+v, want a local decision", i, r)
+				}
+			}
+			// The first failure may make b suspect before the second op is
+			// queued (a refused dial fails at once).
+			c := fwdReadCounts(t, a.reg)
+			got := map[string]float64{"timeout": c.timeout, "error": c.error, "": 1}
+			if got[tt.wantReason] < 1 || c.timeout+c.error+c.suspect != 2 || c.forwarded != 0 {
+				t.Errorf("counters %+v, want 2 fallbacks, at least one %s", c, tt.wantReason)
+			}
+			// A refused peer is suspect at once; a silent one after
+			// peerSuspectAfter late answers in a row.
+			fwdMakeSuspect(t, a, "b/3")
+			c = fwdReadCounts(t, a.reg)
+
+			// While b is suspect its ops fall back without waiting: the
+			// suspect counter shows the path; the clock only that 20 ops
+			// did not each wait for Timeout.
+			start = time.Now()
+			for range 20 {
+				a.f.Apply(context.Background(), a.now, ops[:1], res[:1])
+			}
+			if took := time.Since(start); took >= 20*timeout {
+				t.Errorf("20 ops on a suspect peer took %v", took)
+			}
+			if got := fwdReadCounts(t, a.reg).suspect - c.suspect; got != 20 {
+				t.Errorf("suspect fallbacks +%v, want +20", got)
+			}
+			if n := peer.decided.Load(); n != 0 {
+				t.Errorf("the dead peer answered %d ops", n)
+			}
+		})
+	}
+}
+
+func TestForwardProbeClearsSuspicion(t *testing.T) {
+	peer := fwdStartFakePeer(t, fwdPeerBlocking)
+	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+		c.Timeout = 250 * time.Millisecond
+	})
+	a := nodes["a"]
+	res := make([]bucket.Result, 1)
+	apply := func(key string) bucket.Result {
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(key)}, res)
+		return res[0]
+	}
+	fwdMakeSuspect(t, a, "b/1")
+	// Probes keep failing while the peer hangs: wait for a few of them.
+	fwdWaitFor(t, 5*time.Second, "failed probes", func() bool { return peer.pings.Load() >= 2 })
+	if s := a.f.Suspects(); len(s) != 1 {
+		t.Fatalf("Suspects() = %v while the peer still hangs, want [b]", s)
+	}
+
+	peer.open()
+	fwdWaitFor(t, 5*time.Second, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
+	// On a loaded machine the first call may still miss the deadline and
+	// make b suspect again; the probe clears it again.
+	fwdWaitFor(t, 5*time.Second, "a forwarded answer", func() bool { return apply("b/2").Count == 777 })
+	if got := fwdReadCounts(t, a.reg).forwarded; got < 1 {
+		t.Errorf("forwarded = %v, want >= 1", got)
+	}
+}
+
+func TestForwardSuspicionExpires(t *testing.T) {
+	peer := fwdStartFakePeer(t, fwdPeerBlocking)
+	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+		c.Timeout = 30 * time.Millisecond
+		c.SuspectFor = 200 * time.Millisecond
+	})
+	a := nodes["a"]
+	fwdMakeSuspect(t, a, "b/1")
+	// The peer never answers a probe, but SuspectFor ends the bypass.
+	fwdWaitFor(t, 5*time.Second, "the suspicion to expire", func() bool { return len(a.f.Suspects()) == 0 })
+}
+
+// fwdMakeSuspect applies ops for key until its owner b is suspect: at most
+// peerSuspectAfter late or failed answers in a row.
+func fwdMakeSuspect(t *testing.T, a *fwdTestNode, key string) {
+	t.Helper()
+	res := make([]bucket.Result, 1)
+	for i := 0; i < peerSuspectAfter && len(a.f.Suspects()) == 0; i++ {
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(key)}, res)
+	}
+	if s := a.f.Suspects(); len(s) != 1 || s[0] != "b" {
+		t.Fatalf("Suspects() = %v after %d failures, want [b]", s, peerSuspectAfter)
+	}
+}
+
+func TestForwardOneLateAnswerIsNotSuspicion(t *testing.T) {
+	peer := fwdStartFakePeer(t, fwdPeerBlocking)
+	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+		c.Timeout = 30 * time.Millisecond
+	})
+	a := nodes["a"]
+	res := make([]bucket.Result, 1)
+	for i := 1; i < peerSuspectAfter; i++ {
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
+		if s := a.f.Suspects(); len(s) != 0 {
+			t.Fatalf("after %d late answer(s): Suspects() = %v, want none", i, s)
+		}
+	}
+}
