@@ -27,7 +27,7 @@ import (
 // memberlist v0.7.0 does not expose suspicion through its public API, so a
 // suspected node is reported as MemberAlive until it is declared dead.
 const (
-	MemberAlive   = "alive"
+	MemberAlive   = "alive"   // a ring member (memberlist alive or suspect)
 	MemberSuspect = "suspect" // reserved: not produced with memberlist v0.7.0
 	MemberDead    = "dead"    // declared failed (crash, freeze, partition)
 	MemberLeft    = "left"    // announced a graceful leave
@@ -92,6 +92,8 @@ const (
 	mshipDefaultRejoin  = 15 * time.Second
 	mshipJoinBackoffMin = 100 * time.Millisecond
 	mshipJoinBackoffMax = 5 * time.Second
+	mshipFollowUpJoin   = time.Second // first re-join after joining
+	mshipDefaultLeave   = 5 * time.Second
 	// mshipSettle lets a burst of events (a push/pull merging many nodes)
 	// land before onChange is computed.
 	mshipSettle = 20 * time.Millisecond
@@ -383,9 +385,9 @@ func (m *Membership) NumMembers() int { return m.ml.NumMembers() }
 
 // Leave announces a graceful departure and stops re-joining: other nodes drop
 // this one from their Alive set at once instead of waiting for failure
-// detection. It waits up to timeout for the announcements to be gossiped
-// (timeout <= 0 waits until they are). Calling it again returns nil; after
-// Close it returns an error. Close must still be called.
+// detection, and report it as MemberLeft. It waits up to timeout (<= 0 means
+// 5s) for the announcements to be gossiped. Calling it again returns nil;
+// after Close it returns an error. Close must still be called.
 func (m *Membership) Leave(timeout time.Duration) (err error) {
 	m.life.Lock()
 	defer m.life.Unlock()
@@ -398,8 +400,11 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 	m.left = true
 	m.mshipStopJoining()
 	defer mshipRecover(&err)
-
+	if timeout <= 0 {
+		timeout = mshipDefaultLeave
+	}
 	deadline := time.Now().Add(timeout)
+
 	cur, _ := mshipDecodeMeta(*m.meta.Load())
 	cur.Leaving = true
 	if meta, err := mshipEncodeMeta(cur); err == nil {
@@ -412,19 +417,16 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 	m.mu.Unlock()
 	m.mshipSignal()
 
-	// First gossip the leaving flag so peers can tell a leave from a crash,
-	// then memberlist's own leave. Half the budget for each step.
-	step := timeout / 2
-	if timeout > 0 && step <= 0 {
-		step = timeout
+	// First gossip the leaving flag, so that peers can tell this leave from
+	// a crash (memberlist's leave message is queued under the same name and
+	// would replace it), then memberlist's own leave; half the budget each.
+	// memberlist's UpdateNode can miss the end of its broadcast (its notify
+	// channel is unbuffered) and then waits out its timeout: that costs
+	// time, never correctness, so its error is only logged.
+	if err := m.ml.UpdateNode(max(timeout/2, time.Millisecond)); err != nil {
+		m.logger.Debug("cluster: leave: announcing the leaving flag", "err", err)
 	}
-	if err := m.ml.UpdateNode(step); err != nil {
-		m.logger.Debug("cluster: leave: announcing leaving flag", "err", err)
-	}
-	rest := timeout
-	if timeout > 0 {
-		rest = max(time.Until(deadline), time.Millisecond)
-	}
+	rest := max(time.Until(deadline), time.Millisecond)
 	if err := m.ml.Leave(rest); err != nil {
 		return fmt.Errorf("cluster: leave: %w", err)
 	}
@@ -435,8 +437,10 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 // Close shuts memberlist down without a leave (peers detect it as failed
 // unless Leave was called first), stops and joins this Membership's
 // goroutines and returns memberlist's shutdown error. It is idempotent. It
-// may wait for an in-flight join attempt, bounded by memberlist's TCP timeout
-// (10s for "lan", 1s for "local").
+// waits for a Leave in progress (bounded by its timeout) and for an in-flight
+// join attempt (bounded by memberlist's TCP timeout: 10s for "lan", 1s for
+// "local"). memberlist's own goroutines are told to stop but not joined;
+// they end within about a probe interval.
 func (m *Membership) Close() error {
 	m.closeOnce.Do(func() {
 		m.life.Lock()

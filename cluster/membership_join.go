@@ -9,8 +9,9 @@ import (
 )
 
 // mshipJoinLoop joins cfg.Join with capped exponential backoff until the
-// first success (or until another node joins us), then re-joins every
-// RejoinInterval so that partitions that healed merge again. It returns when
+// first success (or until another node joins us), then re-joins once after
+// about a second and every RejoinInterval after that, so that nodes that
+// joined together and partitions that healed merge. It returns when
 // Leave or Close is called; a join in flight finishes first (memberlist's Join
 // is synchronous and bounded by its TCP timeout).
 func (m *Membership) mshipJoinLoop() {
@@ -40,14 +41,17 @@ func (m *Membership) mshipJoinLoop() {
 		m.logger.Info("cluster: joined after retrying", "failed_attempts", failures)
 	}
 
-	tick := time.NewTicker(m.rejoin)
-	defer tick.Stop()
+	// The first re-join comes soon: nodes that joined the same seed at the
+	// same moment may have missed each other's gossip (the seed merges them
+	// one by one), and a push/pull with the seed settles that.
+	next := time.NewTimer(min(m.rejoin, mshipFollowUpJoin))
+	defer next.Stop()
 	failing := false
 	for {
 		select {
 		case <-m.joinStop:
 			return
-		case <-tick.C:
+		case <-next.C:
 		}
 		err := m.mshipJoinOnce()
 		switch {
@@ -59,6 +63,7 @@ func (m *Membership) mshipJoinLoop() {
 			m.logger.Info("cluster: periodic re-join reached a node again")
 		}
 		failing = err != nil
+		next.Reset(m.rejoin)
 	}
 }
 
