@@ -6,7 +6,7 @@ PKGS     := ./...
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X main.buildVersion=$(VERSION)
 
-.PHONY: all build run test test-short lint vet fmt chaos bench proto image clean
+.PHONY: all build run test lint vet fmt fuzz-short fuzz chaos bench proto image clean
 
 all: build
 
@@ -21,6 +21,25 @@ run: build
 # suite and the allocation tests). Budget: well under 10 minutes on 2 cores.
 test: lint
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+	$(MAKE) --no-print-directory fuzz-short
+
+# Every fuzz target for a bounded number of inputs (a count, not a time:
+# go1.26's -fuzztime with a duration can fail spuriously, golang/go#75804).
+FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster:FuzzMshipMeta
+FUZZ_N ?= 3000x
+fuzz-short:
+	@set -e; for t in $(FUZZ_TARGETS); do \
+		pkg=$${t%%:*}; fn=$${t##*:}; \
+		echo "fuzz $$pkg $$fn ($(FUZZ_N))"; \
+		out=$$($(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZ_N) ./$$pkg/ 2>&1) || { echo "$$out"; exit 1; }; \
+	done
+
+fuzz:
+	$(MAKE) fuzz-short FUZZ_N=500000x
+
+# Regenerate the peer protocol (needs protoc, protoc-gen-go, protoc-gen-go-grpc).
+proto:
+	protoc --go_out=. --go_opt=paths=source_relative --go-grpc_out=. --go-grpc_opt=paths=source_relative cluster/peerpb/peer.proto
 
 lint: vet fmt
 
