@@ -5,6 +5,7 @@ BIN      := .build/ringlimit
 PKGS     := ./...
 VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS  := -s -w -X main.buildVersion=$(VERSION)
+IMAGE    ?= ghcr.io/ringlimit/ringlimit
 
 .PHONY: all build run test lint vet fmt fuzz-short fuzz chaos bench proto image clean
 
@@ -52,3 +53,7 @@ fmt:
 
 clean:
 	rm -rf .build
+
+# Container image from ./Dockerfile; needs a Docker engine with BuildKit (none runs in CI here).
+image:
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .
