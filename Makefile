@@ -54,6 +54,12 @@ fmt:
 clean:
 	rm -rf .build
 
+# The floor (a do-nothing RLS), one node and three nodes under the same load, as a
+# table with ratios to the floor; then the Go micro-benchmarks (benchstat-ready).
+# See docs/performance.md.
+bench: build
+	./deploy/local/bench.sh $(BIN)
+
 # Container image from ./Dockerfile; needs a Docker engine with BuildKit (none runs in CI here).
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .

@@ -35,6 +35,8 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 	switch args[0] {
 	case "serve":
 		return serveCmd(ctx, args[1:], environment(env), stdout, stderr)
+	case "bench":
+		return benchCmd(ctx, args[1:], stdout, stderr)
 	case "check":
 		return checkCmd(ctx, args[1:], stdout, stderr)
 	case "validate":
@@ -58,6 +60,7 @@ commands:
   serve     run the rate limit service (RLS v3 gRPC, HTTP, debug)
   check     ask a running service for one decision and print every field
   validate  validate a config file or directory
+  bench     load-test an RLS server (or run a do-nothing one: --noop-server)
   version   print the version
 
 Run 'ringlimit <command> -h' for a command's flags.

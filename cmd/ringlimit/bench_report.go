@@ -1,0 +1,291 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// benchPercentiles are the latency distribution's lines, as hey prints
+// them, plus 99.9.
+var benchPercentiles = [...]float64{10, 25, 50, 75, 90, 95, 99, 99.9}
+
+// histLines is how many lines the response-time histogram has (hey: 11).
+const histLines = 11
+
+// ms is d in milliseconds.
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// pctLabel prints 99.9 as "99.9" and 50 as "50".
+func pctLabel(p float64) string { return strconv.FormatFloat(p, 'f', -1, 64) }
+
+// writeBenchText prints r in the shape of hey's report: summary, response
+// time histogram, latency distribution, status and error distributions.
+func writeBenchText(w io.Writer, r *benchResult) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format, a...) }
+	title := "Summary:"
+	if r.Label != "" {
+		title = "Summary (" + r.Label + "):"
+	}
+	p("\n%s\n", title)
+	p("  Total:\t%.4f secs\n", r.Total.Seconds())
+	p("  Slowest:\t%.3f ms\n", ms(r.hist.slowest()))
+	p("  Fastest:\t%.3f ms\n", ms(r.hist.fastest()))
+	p("  Average:\t%.3f ms\n", ms(r.hist.mean()))
+	p("  Requests/sec:\t%.2f\n", r.callsPerSec())
+	p("  Calls:\t%d to %d target(s) over %d connection(s), %d concurrent", r.calls(), len(r.Targets), r.Connections, r.Concurrency)
+	if r.Interrupted {
+		p(" (interrupted)")
+	}
+	p("\n")
+
+	p("\nResponse time histogram (ms):\n")
+	bars := r.hist.linear(histLines)
+	var top uint64
+	for _, b := range bars {
+		top = max(top, b.Count)
+	}
+	width := 0
+	for _, b := range bars {
+		width = max(width, len(strconv.FormatUint(b.Count, 10)))
+	}
+	for _, b := range bars {
+		n := 0
+		if top > 0 {
+			n = int((b.Count*40 + top - 1) / top)
+		}
+		p("  %8.3f [%*d]\t|%s\n", ms(b.Mark), width, b.Count, strings.Repeat("■", n))
+	}
+
+	p("\nLatency distribution:\n")
+	for _, q := range benchPercentiles {
+		p("  %s%% in %.3f ms\n", pctLabel(q), ms(r.hist.quantile(q/100)))
+	}
+
+	p("\nStatus distribution:\n")
+	line := func(name string, n uint64, note string) { p("  %-21s %d responses%s\n", "["+name+"]", n, note) }
+	line("OK", r.OK, "")
+	line("OVER_LIMIT", r.OverLimit, "")
+	if r.Unknown > 0 {
+		line("UNKNOWN", r.Unknown, "")
+	}
+	line("errors", r.Errors, "")
+	note := ""
+	if r.Deadline > 0 {
+		note = fmt.Sprintf(" (no answer within %v: Envoy fails open)", r.Deadline)
+	}
+	line("deadline exceeded", r.DeadlineExceeded, note)
+	if len(r.ErrorCodes) > 0 {
+		p("\nError distribution:\n")
+		for _, e := range r.ErrorCodes {
+			p("  [%d]\t%s: %s\n", e.Count, e.Code, e.Message)
+		}
+	}
+	if len(r.Targets) > 1 {
+		p("\nTargets:\n")
+		for i, t := range r.Targets {
+			p("  %s\t%d calls\n", t, r.PerTarget[i])
+		}
+	}
+}
+
+// benchJSON is the --json report. Times are in milliseconds unless the
+// name says seconds; every counted call is in exactly one status field.
+type benchJSON struct {
+	Label       string        `json:"label,omitempty"`
+	Targets     []targetJSON  `json:"targets"`
+	Concurrency int           `json:"concurrency"`
+	Connections int           `json:"connections"`
+	DeadlineMS  float64       `json:"deadline_ms"`
+	Interrupted bool          `json:"interrupted,omitempty"`
+	Summary     summaryJSON   `json:"summary"`
+	Status      statusJSON    `json:"status"`
+	Errors      []errorJSON   `json:"errors,omitempty"`
+	Histogram   []histBarJSON `json:"histogram"`
+	Latency     []latencyJSON `json:"latency"`
+}
+
+type targetJSON struct {
+	Addr  string `json:"addr"`
+	Calls uint64 `json:"calls"`
+}
+
+type summaryJSON struct {
+	Calls        uint64  `json:"calls"`
+	TotalSeconds float64 `json:"total_seconds"`
+	SlowestMS    float64 `json:"slowest_ms"`
+	FastestMS    float64 `json:"fastest_ms"`
+	AverageMS    float64 `json:"average_ms"`
+	CallsPerSec  float64 `json:"calls_per_sec"`
+}
+
+type statusJSON struct {
+	OK               uint64 `json:"ok"`
+	OverLimit        uint64 `json:"over_limit"`
+	Unknown          uint64 `json:"unknown"`
+	Errors           uint64 `json:"errors"`
+	DeadlineExceeded uint64 `json:"deadline_exceeded"`
+}
+
+type errorJSON struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+	Count   uint64 `json:"count"`
+}
+
+type histBarJSON struct {
+	MarkMS float64 `json:"mark_ms"`
+	Count  uint64  `json:"count"`
+}
+
+type latencyJSON struct {
+	Percentile float64 `json:"percentile"`
+	MS         float64 `json:"ms"`
+}
+
+// toJSON is r's --json report.
+func (r *benchResult) toJSON() benchJSON {
+	j := benchJSON{
+		Label: r.Label, Concurrency: r.Concurrency, Connections: r.Connections,
+		DeadlineMS: ms(r.Deadline), Interrupted: r.Interrupted,
+		Summary: summaryJSON{
+			Calls: r.calls(), TotalSeconds: r.Total.Seconds(),
+			SlowestMS: ms(r.hist.slowest()), FastestMS: ms(r.hist.fastest()), AverageMS: ms(r.hist.mean()),
+			CallsPerSec: r.callsPerSec(),
+		},
+		Status:    statusJSON{OK: r.OK, OverLimit: r.OverLimit, Unknown: r.Unknown, Errors: r.Errors, DeadlineExceeded: r.DeadlineExceeded},
+		Histogram: []histBarJSON{},
+	}
+	for i, t := range r.Targets {
+		j.Targets = append(j.Targets, targetJSON{Addr: t, Calls: r.PerTarget[i]})
+	}
+	for _, e := range r.ErrorCodes {
+		j.Errors = append(j.Errors, errorJSON{Code: e.Code.String(), Message: e.Message, Count: e.Count})
+	}
+	for _, b := range r.hist.linear(histLines) {
+		j.Histogram = append(j.Histogram, histBarJSON{MarkMS: ms(b.Mark), Count: b.Count})
+	}
+	for _, q := range benchPercentiles {
+		j.Latency = append(j.Latency, latencyJSON{Percentile: q, MS: ms(r.hist.quantile(q / 100))})
+	}
+	return j
+}
+
+// writeBenchJSON prints r's --json report, indented, with a final newline.
+func writeBenchJSON(w io.Writer, r *benchResult) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r.toJSON())
+}
+
+// percentileMS is the latency at percentile p of a --json report, or NaN.
+func (j *benchJSON) percentileMS(p float64) float64 {
+	for _, l := range j.Latency {
+		if l.Percentile == p {
+			return l.MS
+		}
+	}
+	return math.NaN()
+}
+
+// compareRow is one setup in a --compare table: the median of its runs.
+type compareRow struct {
+	Label               string
+	Runs                int
+	CallsPerSec         float64
+	P50, P99, P999      float64 // ms
+	Errors, DeadlineExc uint64  // summed over runs
+	Calls               uint64  // summed over runs
+}
+
+// median of xs (NaN when empty); xs is sorted in place.
+func median(xs []float64) float64 {
+	if len(xs) == 0 {
+		return math.NaN()
+	}
+	sort.Float64s(xs)
+	m := len(xs) / 2
+	if len(xs)%2 == 1 {
+		return xs[m]
+	}
+	return (xs[m-1] + xs[m]) / 2
+}
+
+// compareRows groups reports by label, in order of first appearance, and
+// takes the median of each number over a label's runs (medians taken one
+// number at a time, as the seed's "medians of three runs").
+func compareRows(reports []benchJSON) []compareRow {
+	var order []string
+	groups := map[string][]benchJSON{}
+	for _, r := range reports {
+		if _, ok := groups[r.Label]; !ok {
+			order = append(order, r.Label)
+		}
+		groups[r.Label] = append(groups[r.Label], r)
+	}
+	var rows []compareRow
+	for _, label := range order {
+		g := groups[label]
+		row := compareRow{Label: label, Runs: len(g)}
+		var cps, p50, p99, p999 []float64
+		for _, r := range g {
+			cps = append(cps, r.Summary.CallsPerSec)
+			p50 = append(p50, r.percentileMS(50))
+			p99 = append(p99, r.percentileMS(99))
+			p999 = append(p999, r.percentileMS(99.9))
+			row.Errors += r.Status.Errors + r.Status.Unknown
+			row.DeadlineExc += r.Status.DeadlineExceeded
+			row.Calls += r.Summary.Calls
+		}
+		row.CallsPerSec, row.P50, row.P99, row.P999 = median(cps), median(p50), median(p99), median(p999)
+		rows = append(rows, row)
+	}
+	return rows
+}
+
+// writeCompare prints rows as a table with ratios to the first row (the
+// floor).
+func writeCompare(w io.Writer, rows []compareRow) {
+	if len(rows) == 0 {
+		return
+	}
+	base := rows[0]
+	ratio := func(a, b float64) string {
+		if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
+			return "-"
+		}
+		return fmt.Sprintf("%.2fx", a/b)
+	}
+	lw := len("setup")
+	for _, r := range rows {
+		lw = max(lw, len(r.Label))
+	}
+	fmt.Fprintf(w, "%-*s %4s %10s %8s %9s %9s %9s %8s %9s %9s\n", lw, "setup", "runs", "calls/s", "x floor", "p50 ms", "p99 ms", "p99.9 ms", "p99 x", "fail-open", "errors")
+	for _, r := range rows {
+		fmt.Fprintf(w, "%-*s %4d %10.0f %8s %9.3f %9.3f %9.3f %8s %9d %9d\n", lw, r.Label, r.Runs, r.CallsPerSec,
+			ratio(r.CallsPerSec, base.CallsPerSec), r.P50, r.P99, r.P999, ratio(r.P99, base.P99), r.DeadlineExc, r.Errors)
+	}
+}
+
+// readReports reads --json reports from files.
+func readReports(paths []string) ([]benchJSON, error) {
+	var out []benchJSON
+	for _, p := range paths {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			return nil, fmt.Errorf("bench: --compare: %w", err)
+		}
+		var j benchJSON
+		if err := json.Unmarshal(b, &j); err != nil {
+			return nil, fmt.Errorf("bench: --compare: %s: %w", p, err)
+		}
+		out = append(out, j)
+	}
+	return out, nil
+}

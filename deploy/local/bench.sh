@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# `make bench`: in one run and under the same load, measures the floor (a
+# do-nothing RLS server: what gRPC alone costs here), one ringlimit node, and
+# a three-node ringlimit cluster (load spread over all three, so about 2/3 of
+# decisions are forwarded to their owner), prints a table with ratios to the
+# floor, then runs the Go micro-benchmarks with benchstat-ready output.
+#
+# Usage: deploy/local/bench.sh [path/to/ringlimit]
+#   Without a path it builds .build/ringlimit. Everything listens on
+#   127.0.0.1 ports chosen free at start; only the processes this script
+#   started are stopped (by PID) on exit.
+# Environment (defaults in brackets):
+#   BENCH_C [64]          concurrent calls
+#   BENCH_N [100000]      calls per measured run
+#   BENCH_ROUNDS [3]      runs per setup; the table shows medians
+#   BENCH_WARMUP [1s]     load sent and discarded before each run
+#   BENCH_CONNS [3]       gRPC connections (the same for every setup)
+#   BENCH_KEYS [10000]    distinct client IPs (uniform)
+#   BENCH_MICRO [1]       0 skips the Go micro-benchmarks
+#   BENCH_COUNT [6]       -count of each micro-benchmark (benchstat wants >= 6)
+#   BENCH_BENCHTIME [300ms]
+#   BENCH_OUT [.build/bench/<time>]  where reports and logs go
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+C=${BENCH_C:-64}
+N=${BENCH_N:-100000}
+ROUNDS=${BENCH_ROUNDS:-3}
+WARMUP=${BENCH_WARMUP:-1s}
+CONNS=${BENCH_CONNS:-3}
+KEYS=${BENCH_KEYS:-10000}
+MICRO=${BENCH_MICRO:-1}
+COUNT=${BENCH_COUNT:-6}
+BENCHTIME=${BENCH_BENCHTIME:-300ms}
+GO=${GO:-go}
+OUT=${BENCH_OUT:-.build/bench/$(date +%Y%m%d-%H%M%S)}
+CONFIG=deploy/examples/config
+mkdir -p "$OUT"
+
+if [ $# -ge 1 ]; then
+	BIN=$1
+else
+	BIN=.build/ringlimit
+	echo "building $BIN"
+	"$GO" build -trimpath -o "$BIN" ./cmd/ringlimit
+fi
+
+# --- the machine -------------------------------------------------------------
+{
+	echo "date:     $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+	echo "cpus:     $(nproc)"
+	echo "cpu:      $(grep -m1 'model name' /proc/cpuinfo 2>/dev/null | cut -d: -f2- | sed 's/^ *//')"
+	echo "go:       $("$GO" version)"
+	echo "kernel:   $(uname -sr)"
+	echo "load:     $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null) (1, 5, 15 min, before the run)"
+	echo "load:     c=$C calls/run=$N rounds=$ROUNDS warmup=$WARMUP connections=$CONNS keys=$KEYS deadline=20ms"
+} | tee "$OUT/machine.txt"
+
+# --- processes we start, stopped by PID on exit ------------------------------
+pids=()
+stop_all() {
+	local pid
+	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+	pids=()
+}
+trap 'stop_all' EXIT
+trap 'stop_all; exit 130' INT TERM
+
+# --- free ports on 127.0.0.1 -------------------------------------------------
+used=" "
+port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+free_port() {
+	local p
+	for _ in $(seq 1 200); do
+		p=$((20000 + RANDOM % 40000))
+		case "$used" in *" $p "*) continue ;; esac
+		if ! port_open "$p"; then
+			used="$used$p "
+			echo "$p"
+			return 0
+		fi
+	done
+	echo "bench.sh: no free port found" >&2
+	return 1
+}
+
+# http_get HOST:PORT PATH prints the body of a plain HTTP/1.0 GET (no curl needed).
+http_get() {
+	local host=${1%:*} port=${1##*:}
+	(
+		exec 3<>"/dev/tcp/$host/$port" || exit 1
+		printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$2" "$1" >&3
+		timeout 2 cat <&3 | sed '1,/^\r\{0,1\}$/d'
+	) 2>/dev/null
+}
+
+# wait_until SECONDS DESCRIPTION COMMAND...: bounded polling.
+wait_until() {
+	local secs=$1 what=$2
+	shift 2
+	local i
+	for i in $(seq 1 $((secs * 10))); do
+		if "$@"; then return 0; fi
+		sleep 0.1
+	done
+	echo "bench.sh: $what not ready after ${secs}s; logs in $OUT" >&2
+	return 1
+}
+
+ring_size() { http_get "$1" /debug/cluster | tr -d ' \n\r' | grep -o '"ring":\[[^]]*\]' | grep -o '"[^"]*"' | grep -vc '"ring"'; }
+ring_is() { [ "$(ring_size "$1")" = "$2" ]; }
+healthy() { http_get "$1" /healthcheck | grep -q .; }
+
+# --- servers -----------------------------------------------------------------
+noop_grpc=127.0.0.1:$(free_port)
+"$BIN" bench --noop-server "$noop_grpc" >"$OUT/noop.log" 2>&1 &
+pids+=($!)
+
+one_grpc=127.0.0.1:$(free_port)
+one_http=127.0.0.1:$(free_port)
+one_debug=127.0.0.1:$(free_port)
+"$BIN" serve --node-name bench-one --config "$CONFIG" --log-level warn \
+	--grpc-addr "$one_grpc" --http-addr "$one_http" --debug-addr "$one_debug" \
+	>"$OUT/one.log" 2>&1 &
+pids+=($!)
+
+three_grpc=() three_http=() three_debug=() three_gossip=()
+for i in 0 1 2; do
+	three_grpc+=("127.0.0.1:$(free_port)")
+	three_http+=("127.0.0.1:$(free_port)")
+	three_debug+=("127.0.0.1:$(free_port)")
+	three_gossip+=("127.0.0.1:$(free_port)")
+done
+join=$(IFS=,; echo "${three_gossip[*]}")
+for i in 0 1 2; do
+	"$BIN" serve --node-name "bench-$i" --config "$CONFIG" --log-level warn \
+		--grpc-addr "${three_grpc[$i]}" --http-addr "${three_http[$i]}" \
+		--debug-addr "${three_debug[$i]}" --gossip-addr "${three_gossip[$i]}" --join "$join" \
+		>"$OUT/three-$i.log" 2>&1 &
+	pids+=($!)
+done
+
+wait_until 10 "noop server" port_open "${noop_grpc##*:}"
+wait_until 10 "one node" healthy "$one_http"
+for i in 0 1 2; do
+	wait_until 20 "node bench-$i (ring of 3)" ring_is "${three_debug[$i]}" 3
+done
+echo "servers up: floor $noop_grpc, one node $one_grpc, three nodes ${three_grpc[*]}"
+
+# --- load: rounds interleave the setups so drift hits each alike ------------
+targets_floor=$noop_grpc
+targets_one=$one_grpc
+targets_three=$(IFS=,; echo "${three_grpc[*]}")
+labels=("floor (noop RLS)" "one node" "three nodes")
+names=(floor one three)
+reports=()
+for r in $(seq 1 "$ROUNDS"); do
+	for k in 0 1 2; do
+		name=${names[$k]}
+		var=targets_$name
+		f="$OUT/$name-$r.json"
+		printf 'round %d/%d  %-18s ' "$r" "$ROUNDS" "${labels[$k]}"
+		"$BIN" bench --addr "${!var}" -n "$N" -c "$C" --connections "$CONNS" --keys "$KEYS" \
+			--warmup "$WARMUP" --seed "$r" --label "${labels[$k]}" --json-file "$f" \
+			>"$OUT/$name-$r.txt"
+		grep -E 'Requests/sec|99% in' "$OUT/$name-$r.txt" | tr -s ' \t' ' ' | tr '\n' ' '
+		echo
+		reports+=("$f")
+	done
+done
+stop_all
+
+# Order the table floor, one, three whatever the glob order.
+ordered=()
+for name in floor one three; do
+	for f in "${reports[@]}"; do
+		case "$f" in */"$name"-*.json) ordered+=("$f") ;; esac
+	done
+done
+echo
+echo "End to end on loopback, c=$C, $N calls per run, median of $ROUNDS runs (reports in $OUT):"
+"$BIN" bench --compare "$(IFS=,; echo "${ordered[*]}")" | tee "$OUT/table.txt"
+echo "load after the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" | tee -a "$OUT/machine.txt"
+
+# Issue 5's targets, read off the table (columns: x floor = $4, p99 x = $8 after the label).
+awk -v one="one node" -v three="three nodes" '
+	function num(s) { sub(/x$/, "", s); return s + 0 }
+	NR == 1 { next }
+	{
+		# The label may hold spaces: count columns from the end.
+		xf = num($(NF - 6)); p99x = num($(NF - 2))
+		if (index($0, one) == 1) {
+			printf "target one node   >= 0.90x floor calls/s: %.2fx %s\n", xf, (xf >= 0.90 ? "met" : "MISSED")
+			printf "target one node   p99 <= 1.30x floor p99: %.2fx %s\n", p99x, (p99x <= 1.30 ? "met" : "MISSED")
+		}
+		if (index($0, three) == 1)
+			printf "target three nodes >= 0.75x floor calls/s: %.2fx %s\n", xf, (xf >= 0.75 ? "met" : "MISSED")
+	}' "$OUT/table.txt" | tee -a "$OUT/table.txt"
+
+# --- Go micro-benchmarks -----------------------------------------------------
+if [ "$MICRO" != 0 ]; then
+	echo
+	echo "Go micro-benchmarks (-count $COUNT -benchtime $BENCHTIME), benchstat-ready in $OUT/micro.txt"
+	set +e
+	"$GO" test -run '^$' -bench . -benchmem -count "$COUNT" -benchtime "$BENCHTIME" \
+		./bucket/ ./rls/ ./ring/ ./cluster/ >"$OUT/micro.txt" 2>&1
+	rc=$?
+	set -e
+	# One line per benchmark: its median run by ns/op.
+	awk '/^Benchmark/ && $4 == "ns/op" {
+		if (!($1 in n)) order[++names] = $1
+		k = ++n[$1]; v[$1, k] = $3 + 0; l[$1, k] = $0
+	}
+	END {
+		for (i = 1; i <= names; i++) {
+			b = order[i]; c = n[b]
+			for (x = 1; x <= c; x++) idx[x] = x
+			for (x = 2; x <= c; x++)
+				for (y = x; y > 1 && v[b, idx[y]] < v[b, idx[y - 1]]; y--) { t = idx[y]; idx[y] = idx[y - 1]; idx[y - 1] = t }
+			print l[b, idx[int((c + 1) / 2)]]
+		}
+	}' "$OUT/micro.txt"
+	grep -m1 '^cpu:' "$OUT/micro.txt" >>"$OUT/machine.txt" || true
+	if [ $rc -ne 0 ]; then
+		echo "bench.sh: go test -bench failed (exit $rc); see $OUT/micro.txt" >&2
+		exit $rc
+	fi
+	echo "compare two runs with: benchstat old/micro.txt $OUT/micro.txt"
+fi
