@@ -295,10 +295,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	now := s.now()
 	st := s.state.Load()
 	n := len(req.Descriptors)
-	resp := &pb.RateLimitResponse{
-		OverallCode: pb.RateLimitResponse_OK,
-		Statuses:    make([]*pb.RateLimitResponse_DescriptorStatus, n),
-	}
+	resp := newResponse(n)
 	dom := st.cfg.Domain(req.Domain)
 	if dom == nil {
 		s.metrics.domainNotFound(req.Domain)
@@ -377,16 +374,14 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
 		}
 		sc.stats[i].record(r, op.Hits, res, s.opt.NearLimitRatio)
-		resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{
-			Code: code,
-			CurrentLimit: &pb.RateLimitResponse_RateLimit{
-				Name:            r.Name,
-				RequestsPerUnit: r.RequestsPerUnit,
-				Unit:            r.Unit,
-			},
-			LimitRemaining:     uint32(min(res.Remaining, math.MaxUint32)),
-			DurationUntilReset: &durationpb.Duration{Seconds: resetSeconds(res.ResetAfter)},
-		}
+		b := new(limitedStatus) // one allocation for the status and its two sub-messages
+		b.limit.Name, b.limit.RequestsPerUnit, b.limit.Unit = r.Name, r.RequestsPerUnit, r.Unit
+		b.reset.Seconds = resetSeconds(res.ResetAfter)
+		b.status.Code = code
+		b.status.CurrentLimit = &b.limit
+		b.status.LimitRemaining = uint32(min(res.Remaining, math.MaxUint32))
+		b.status.DurationUntilReset = &b.reset
+		resp.Statuses[i] = &b.status
 	}
 	if s.opt.ResponseHeaders {
 		resp.ResponseHeadersToAdd = s.headers(resp.Statuses)
@@ -395,6 +390,29 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		resp.OverallCode = pb.RateLimitResponse_OK
 	}
 	return resp, nil
+}
+
+// limitedStatus allocates a limited descriptor's status with the messages
+// it points to, in one piece.
+type limitedStatus struct {
+	status pb.RateLimitResponse_DescriptorStatus
+	limit  pb.RateLimitResponse_RateLimit
+	reset  durationpb.Duration
+}
+
+// newResponse allocates an OK response with n status slots; for the common
+// single-descriptor request, response and slot come in one allocation.
+func newResponse(n int) *pb.RateLimitResponse {
+	if n == 1 {
+		b := new(struct {
+			resp pb.RateLimitResponse
+			sts  [1]*pb.RateLimitResponse_DescriptorStatus
+		})
+		b.resp.OverallCode = pb.RateLimitResponse_OK
+		b.resp.Statuses = b.sts[:]
+		return &b.resp
+	}
+	return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, n)}
 }
 
 // count applies ops, honouring StopIncrementWhenOverLimit: with it, a
