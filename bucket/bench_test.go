@@ -69,3 +69,13 @@ func BenchmarkMemory(b *testing.B) {
 	}
 	b.ReportMetric(perKey, "B/key")
 }
+
+func BenchmarkApplyState(b *testing.B) {
+	s := NewStore(StoreConfig{})
+	op := Op{Key: []byte("domain\x00remote_address\x0010.0.0.1"), Limit: Limit{Requests: 1 << 62, Unit: minute}, Hits: 1}
+	s.ApplyState(base, &op)
+	b.ReportAllocs()
+	for b.Loop() {
+		s.ApplyState(base, &op)
+	}
+}

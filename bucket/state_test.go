@@ -123,7 +123,7 @@ func randState(r *rand.Rand, now int64) State {
 	case 0:
 		st.Unit = 0
 	case 1:
-		st.Algorithm = Algorithm(1 + r.IntN(3))
+		st.Algorithm = Algorithm(100 + r.IntN(3)) // unknown: ignored (other algorithms: conformance_test.go)
 	}
 	return st
 }
@@ -381,5 +381,51 @@ func TestRange(t *testing.T) {
 	})
 	if len(seen) != 3 || slices.Contains(seen, "") {
 		t.Errorf("Range stopping after 3 saw %q", seen)
+	}
+}
+
+// MaxState keeps what Merge keeps: merging a then b into an empty store
+// leaves MaxState(a, b), and MaxState commutes, associates and is
+// idempotent.
+func TestMaxState(t *testing.T) {
+	const now = base + 30*second
+	w := base - base%minute
+	tests := []struct {
+		name string
+		a, b State
+		want State
+	}{
+		{"larger count", State{Window: w, Unit: minute, Count: 3}, State{Window: w, Unit: minute, Count: 5}, State{Window: w, Unit: minute, Count: 5}},
+		{"later window wins with a lower count", State{Window: w, Unit: minute, Count: 9}, State{Window: w + minute, Unit: minute, Count: 1}, State{Window: w + minute, Unit: minute, Count: 1}},
+		{"larger unit wins at the same start", State{Window: w, Unit: minute, Count: 9}, State{Window: w, Unit: hour, Count: 1}, State{Window: w, Unit: hour, Count: 1}},
+		{"equal", State{Window: w, Unit: minute, Count: 2}, State{Window: w, Unit: minute, Count: 2}, State{Window: w, Unit: minute, Count: 2}},
+		{"zero and a state", State{}, State{Window: w, Unit: minute, Count: 2}, State{Window: w, Unit: minute, Count: 2}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := MaxState(tc.a, tc.b); got != tc.want {
+				t.Errorf("MaxState(a, b) = %+v, want %+v", got, tc.want)
+			}
+			if got := MaxState(tc.b, tc.a); got != tc.want {
+				t.Errorf("MaxState(b, a) = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+	rnd := rand.New(rand.NewPCG(1, 2))
+	pick := func() State {
+		return State{Window: w + int64(rnd.IntN(2))*minute, Unit: minute, Count: uint64(rnd.IntN(4))}
+	}
+	for range 1000 {
+		a, b, c := pick(), pick(), pick()
+		if MaxState(MaxState(a, b), c) != MaxState(a, MaxState(b, c)) || MaxState(a, a) != a {
+			t.Fatalf("not associative or idempotent on %+v %+v %+v", a, b, c)
+		}
+		s := NewStore(StoreConfig{})
+		s.Merge(now, []byte("k"), a)
+		s.Merge(now, []byte("k"), b)
+		got, _ := s.Get(now, []byte("k"))
+		if want := MaxState(a, b); got != want {
+			t.Fatalf("Merge kept %+v, MaxState says %+v (a %+v, b %+v)", got, want, a, b)
+		}
 	}
 }

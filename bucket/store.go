@@ -43,11 +43,18 @@ type counter struct {
 	unit int64
 	// count is the hits counted in window.
 	count uint64
+	// prev is, for SlidingWindow, the hits counted in the window before
+	// window; 0 for the other algorithms. A sliding count and prev are at
+	// most math.MaxUint32 (see entry).
+	prev uint64
 	// algo is the algorithm that wrote the counter.
 	algo Algorithm
 }
 
-// entry is a stored counter plus bookkeeping. It is 32 bytes.
+// entry is a stored counter plus bookkeeping. It is 32 bytes. A
+// SlidingWindow keeps count in the low and prev in the high 32 bits of
+// count: both only ever count admitted hits, so neither exceeds the
+// limit's Requests, which is at most math.MaxUint32 for a sliding window.
 type entry struct {
 	window int64
 	unit   int64
@@ -59,18 +66,30 @@ type entry struct {
 }
 
 func (e *entry) counter() counter {
+	if e.algo == SlidingWindow {
+		return counter{window: e.window, unit: e.unit, count: e.count & math.MaxUint32, prev: e.count >> 32, algo: e.algo}
+	}
 	return counter{window: e.window, unit: e.unit, count: e.count, algo: e.algo}
 }
 
 func (e *entry) set(c counter) {
 	e.window, e.unit, e.count, e.algo = c.window, c.unit, c.count, c.algo
+	if c.algo == SlidingWindow {
+		e.count = min(c.count, math.MaxUint32) | min(c.prev, math.MaxUint32)<<32
+	}
 }
 
-// end returns when the counter expires, Unix ns: the end of its window.
+// end returns when the counter expires, Unix ns: the end of its window
+// (FixedWindow), of the window after it (SlidingWindow), or when the bucket
+// is full again rounded up to the unit grid (TokenBucket).
 func (c counter) end() int64 {
 	switch c.algo {
 	case FixedWindow:
 		return fixedEnd(c.window, c.unit)
+	case SlidingWindow:
+		return slidingEnd(c.window, c.unit)
+	case TokenBucket:
+		return tokenEnd(c.window, c.unit)
 	}
 	return math.MinInt64 // unknown algorithm: always expired
 }
@@ -98,7 +117,8 @@ type shard struct {
 // concurrent use. Every method takes a short lock on one shard at a time;
 // Apply takes exactly one. Time is always the caller's now, Unix ns UTC.
 //
-// An entry expires at the end of its window. Expired entries stay in memory
+// An entry expires when its counter stops mattering (see Get): at the end
+// of its window for FixedWindow. Expired entries stay in memory
 // (and in Len) until Sweep removes them, Apply or Merge reuses them, or an
 // insert into a full shard evicts them. When MaxKeys > 0, inserting a key
 // into a full shard first removes every expired entry of that shard, and if
@@ -163,8 +183,19 @@ func (s *Store) shardFor(key []byte) *shard {
 // An op whose Limit fails Validate touches nothing and returns
 // Result{Over: true}. An unknown Mode behaves as Consume.
 func (s *Store) Apply(now int64, op *Op) Result {
+	r, _, _ := s.ApplyState(now, op)
+	return r
+}
+
+// ApplyState is Apply that also reports what it stored: wrote is true when
+// the op changed the key's counter, and st is then the counter's state right
+// after the op (what Get would return). When wrote is false st is the zero
+// State. A replicating caller records (op.Key, st) for the key's replicas
+// without reading the store again. Like Apply it does not allocate for a key
+// that already has an entry, and it does not retain op.
+func (s *Store) ApplyState(now int64, op *Op) (r Result, st State, wrote bool) {
 	if !op.Limit.Algorithm.known() || op.Limit.Unit <= 0 {
-		return Result{Over: true}
+		return Result{Over: true}, State{}, false
 	}
 	sh := s.shardFor(op.Key)
 	sh.mu.Lock()
@@ -173,29 +204,32 @@ func (s *Store) Apply(now int64, op *Op) Result {
 	if e != nil {
 		cur = e.counter()
 	}
-	var (
-		r     Result
-		next  counter
-		write bool
-	)
+	var next counter
 	switch op.Limit.Algorithm {
 	case FixedWindow:
-		r, next, write = applyFixed(cur, e != nil, now, op)
+		r, next, wrote = applyFixed(cur, e != nil, now, op)
+	case SlidingWindow:
+		r, next, wrote = applySliding(cur, e != nil, now, op)
+	case TokenBucket:
+		r, next, wrote = applyToken(cur, e != nil, now, op)
 	}
 	switch {
-	case write && e != nil:
+	case wrote && e != nil:
 		sh.tick++
 		e.tick = sh.tick
 		e.set(next)
 		sh.noteEnd(next.end())
-	case write:
+	case wrote:
 		s.insertLocked(sh, now, op.Key, next)
 	case e != nil && op.Mode != Peek:
 		sh.tick++
 		e.tick = sh.tick
 	}
 	sh.mu.Unlock()
-	return r
+	if wrote {
+		st = next.state()
+	}
+	return r, st, wrote
 }
 
 // Delete removes key's entry, if any.

@@ -68,10 +68,73 @@ func TestApplyDoesNotAllocate(t *testing.T) {
 		{"new window", func() { s.Apply(base+minute, &Op{Key: key, Limit: lim, Hits: 1}) }},
 		{"get", func() { s.Get(base, key) }},
 		{"merge", func() { s.Merge(base, key, State{Window: base, Unit: minute, Count: 3}) }},
+		{"apply state", func() { s.ApplyState(base, &Op{Key: key, Limit: lim, Hits: 1}) }},
+		{"apply state peek", func() { s.ApplyState(base, &Op{Key: key, Limit: lim, Hits: 1, Mode: Peek}) }},
 	}
 	for _, tc := range tests {
 		if n := testing.AllocsPerRun(1000, tc.f); n != 0 {
 			t.Errorf("%s: %v allocs per run, want 0", tc.name, n)
 		}
+	}
+}
+
+// TestApplyState checks that ApplyState answers as Apply does and reports
+// exactly the state it stored, and nothing when it stored nothing.
+func TestApplyState(t *testing.T) {
+	lim := Limit{Requests: 2, Unit: minute}
+	key := []byte("k")
+	type step struct {
+		now   int64
+		op    Op
+		wrote bool
+		st    State // when wrote
+		count uint64
+	}
+	tests := []struct {
+		name  string
+		steps []step
+	}{
+		{"first hit creates", []step{
+			{base, Op{Key: key, Limit: lim, Hits: 1}, true, State{Window: base - base%minute, Unit: minute, Count: 1}, 1},
+		}},
+		{"hits accumulate, over still consumed", []step{
+			{base, Op{Key: key, Limit: lim, Hits: 2}, true, State{Window: base - base%minute, Unit: minute, Count: 2}, 2},
+			{base, Op{Key: key, Limit: lim, Hits: 1}, true, State{Window: base - base%minute, Unit: minute, Count: 3}, 3},
+		}},
+		{"check, peek and stop-on-over write nothing", []step{
+			{base, Op{Key: key, Limit: lim, Hits: 2}, true, State{Window: base - base%minute, Unit: minute, Count: 2}, 2},
+			{base, Op{Key: key, Limit: lim}, false, State{}, 2},
+			{base, Op{Key: key, Limit: lim, Hits: 1, Mode: Peek}, false, State{}, 3},
+			{base, Op{Key: key, Limit: lim, Hits: 1, Mode: StopOnOver}, false, State{}, 3},
+		}},
+		{"new window restarts", []step{
+			{base, Op{Key: key, Limit: lim, Hits: 2}, true, State{Window: base - base%minute, Unit: minute, Count: 2}, 2},
+			{base + minute, Op{Key: key, Limit: lim, Hits: 1}, true, State{Window: base - base%minute + minute, Unit: minute, Count: 1}, 1},
+		}},
+		{"invalid limit", []step{
+			{base, Op{Key: key, Limit: Limit{Requests: 2}, Hits: 1}, false, State{}, 0},
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, ref := NewStore(StoreConfig{}), NewStore(StoreConfig{})
+			for i, st := range tc.steps {
+				r, got, wrote := s.ApplyState(st.now, &st.op)
+				if want := ref.Apply(st.now, &st.op); r != want {
+					t.Errorf("step %d: result %+v, Apply says %+v", i, r, want)
+				}
+				if wrote != st.wrote || got != st.st {
+					t.Errorf("step %d: wrote %v state %+v, want %v %+v", i, wrote, got, st.wrote, st.st)
+				}
+				if wrote {
+					if stored, ok := s.Get(st.now, key); !ok || stored != got {
+						t.Errorf("step %d: Get = %+v %v, ApplyState reported %+v", i, stored, ok, got)
+					}
+				}
+				if r.Count != st.count && st.op.Limit.Unit > 0 {
+					t.Errorf("step %d: count %d, want %d", i, r.Count, st.count)
+				}
+			}
+		})
 	}
 }

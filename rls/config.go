@@ -41,14 +41,22 @@ type Rule struct {
 	// blocks every matching request.
 	RequestsPerUnit uint32
 	// Limit is the rule as the counter store applies it: Requests is
-	// RequestsPerUnit and Unit is UnitDuration(Unit) in nanoseconds. It is
-	// the zero Limit (and must not be applied) when Unlimited.
+	// RequestsPerUnit, Unit is UnitDuration(Unit) in nanoseconds, Algorithm
+	// is rate_limit.algorithm (FixedWindow by default) and, for a
+	// TokenBucket, Burst is rate_limit.burst (RequestsPerUnit by default; 0
+	// otherwise). It is the zero Limit (and must not be applied) when
+	// Unlimited.
 	Limit bucket.Limit
 	// ShadowMode is the descriptor's shadow_mode: count and report, but
 	// never answer OVER_LIMIT.
 	ShadowMode bool
 	// DetailedMetric is the descriptor's detailed_metric.
 	DetailedMetric bool
+	// Extension is non-nil when the rule's rate_limit uses ringlimit's
+	// extension fields (algorithm, burst), which envoyproxy/ratelimit
+	// rejects: it names the file, the rate_limit and the fields, as a
+	// warning to print. Limit carries the algorithm and burst.
+	Extension *FieldError
 }
 
 // Config is a loaded rate limit configuration: a set of domains, each a tree
@@ -97,7 +105,9 @@ func (c *Config) Domains() []string {
 
 // Dump returns the config as the reference's /rlconfig shows it: one line per
 // rule, in Rules() order, "<StatKey>: unit=MINUTE requests_per_unit=100,
-// shadow_mode: false". Unlimited rules show unit=UNKNOWN.
+// shadow_mode: false". Unlimited rules show unit=UNKNOWN. A rule with
+// another algorithm than fixed_window adds ", algorithm: sliding_window" or
+// ", algorithm: token_bucket, burst: 20".
 func (c *Config) Dump() string {
 	if c == nil {
 		return ""
@@ -168,6 +178,8 @@ func (e *FieldError) Error() string {
 
 // cfgDumpRule formats one /rlconfig line.
 func cfgDumpRule(b *strings.Builder, r *Rule) {
-	fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t\n",
+	fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t",
 		r.StatKey, r.Unit.String(), r.RequestsPerUnit, r.ShadowMode)
+	cfgDumpExt(b, r)
+	b.WriteByte('\n')
 }

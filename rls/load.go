@@ -12,8 +12,6 @@ import (
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"gopkg.in/yaml.v3"
-
-	"github.com/ringlimit/ringlimit/bucket"
 )
 
 // LoadOptions changes how Load reads a config directory. The zero value is
@@ -39,7 +37,10 @@ type LoadOptions struct {
 // The format is envoyproxy/ratelimit's: a mapping with domain (required) and
 // descriptors, each descriptor a mapping with key (required), value,
 // rate_limit {unit, requests_per_unit, unlimited, name, replaces: [{name}]},
-// shadow_mode, detailed_metric and nested descriptors. Units are second,
+// shadow_mode, detailed_metric and nested descriptors. rate_limit may also
+// have ringlimit's algorithm (fixed_window, the default, sliding_window or
+// token_bucket, in any case) and burst (token_bucket only, at least 1,
+// default requests_per_unit); a rule using them carries Rule.Extension. Units are second,
 // minute, hour, day, week, month and year, in any case. The newer reference
 // fields quota_mode, value_to_metric, share_threshold and metadata are
 // accepted and ignored (share_threshold is checked as the reference does:
@@ -137,6 +138,7 @@ type cfgRate struct {
 	unlimited bool
 	name      string
 	replaces  []string
+	ext       cfgExt // ringlimit's algorithm and burst (algorithm.go)
 }
 
 // cfgReplace is one parsed replaces entry.
@@ -533,6 +535,8 @@ func (p *cfgParser) rateLimit(n *yaml.Node, path string) *cfgRate {
 				}
 				replaces = append(replaces, cfgReplace{path: ipath, line: p.deref(item).Line, name: name})
 			}
+		case "algorithm", "burst":
+			p.rateExt(&r.ext, pr, fp)
 		case "quota_mode", "metadata":
 			// Newer reference fields: accepted, ignored, not checked.
 		default:
@@ -561,6 +565,7 @@ func (p *cfgParser) rateLimit(n *yaml.Node, path string) *cfgRate {
 		}
 		r.replaces = append(r.replaces, rp.name)
 	}
+	p.checkRateExt(path, r)
 	return r
 }
 
@@ -652,8 +657,9 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 				DetailedMetric:  d.detailed,
 			}
 			if !r.unlimited {
-				rule.Limit = bucket.Limit{Algorithm: bucket.FixedWindow, Requests: uint64(r.rpu), Unit: UnitDuration(r.unit)}
+				rule.Limit = r.ext.limit(r.rpu, UnitDuration(r.unit))
 			}
+			rule.Extension = r.ext.warning(p.file, cfgJoin(d.path, "rate_limit"))
 			n.rule = rule
 			cd.rules = append(cd.rules, rule)
 		}

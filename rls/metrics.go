@@ -132,8 +132,10 @@ func (m *Metrics) domainNotFound(domain string) {
 
 // record updates a rule's stats the way envoyproxy/ratelimit does: hits
 // before and after the increment are split between within, near and over.
+// The limit is the rule's capacity (a token bucket's burst) and the counts
+// are the algorithm's usage (bucket.Result.Count).
 func (rs *ruleStats) record(r *Rule, hits uint64, res bucket.Result, nearRatio float64) {
-	limit := r.Limit.Requests
+	limit := r.Limit.Capacity()
 	after := res.Count
 	before := uint64(0)
 	if after > hits {

@@ -780,8 +780,8 @@ func TestNewServiceErrors(t *testing.T) {
 // warm key at the response itself: one block for the message and its status
 // slot, one for the status with current_limit and duration_until_reset.
 func TestServiceAllocs(t *testing.T) {
-	if testing.Short() {
-		t.Skip("allocation counts are not meaningful in -short")
+	if testing.Short() || raceEnabled {
+		t.Skip("allocation counts are not meaningful in -short or with -race")
 	}
 	h := svNew(t, svSeedConfig, Options{})
 	req := svReq("ratelimit", 0, svD("remote_address", "10.1.2.3", "PATH", "GET /api/healthz"))

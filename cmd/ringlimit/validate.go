@@ -10,7 +10,9 @@ import (
 )
 
 // validateCmd loads a config file or directory and prints every error (exit
-// 1) or a summary (exit 0).
+// 1) or a summary (exit 0). A valid config that uses ringlimit's rate_limit
+// extensions (algorithm, burst) gets one warning line per rule on stderr: it
+// is valid for ringlimit, but envoyproxy/ratelimit would reject it.
 func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -43,6 +45,11 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 			}
 		}
 		fmt.Fprintf(stdout, "  domain %s: %d rule(s)\n", d, n)
+	}
+	for _, r := range cfg.Rules() {
+		if r.Extension != nil {
+			fmt.Fprintf(stderr, "warning: %v\n", r.Extension)
+		}
 	}
 	return 0
 }

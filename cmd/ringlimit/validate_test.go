@@ -1,0 +1,56 @@
+package main
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestValidateWarnsOnExtensions: a config using algorithm or burst is valid
+// (exit 0) and gets one warning per rule naming the file and rate_limit; a
+// bad algorithm is an error naming the field (exit 1).
+func TestValidateWarnsOnExtensions(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	bad := filepath.Join(dir, "bad.yaml")
+	write := func(p, s string) {
+		if err := os.WriteFile(p, []byte(s), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write(good, `domain: d
+descriptors:
+  - key: plain
+    rate_limit: {unit: minute, requests_per_unit: 5}
+  - key: slide
+    rate_limit: {unit: minute, requests_per_unit: 5, algorithm: sliding_window}
+  - key: tb
+    rate_limit: {unit: second, requests_per_unit: 5, algorithm: token_bucket, burst: 10}
+`)
+	write(bad, "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, algorithm: leaky}\n")
+	noenv := func(string) string { return "" }
+
+	var out, errb bytes.Buffer
+	if code := validateCmd([]string{good}, noenv, &out, &errb); code != 0 {
+		t.Fatalf("exit %d, stderr %q", code, errb.String())
+	}
+	want := "warning: rls: " + good + ": descriptors[1].rate_limit: algorithm: ringlimit extension; envoyproxy/ratelimit rejects it\n" +
+		"warning: rls: " + good + ": descriptors[2].rate_limit: algorithm, burst: ringlimit extension; envoyproxy/ratelimit rejects it\n"
+	if errb.String() != want {
+		t.Errorf("stderr:\n%s\nwant:\n%s", errb.String(), want)
+	}
+	if !strings.Contains(out.String(), "3 rule(s)") {
+		t.Errorf("stdout %q lacks the summary", out.String())
+	}
+
+	out.Reset()
+	errb.Reset()
+	if code := validateCmd([]string{bad}, noenv, &out, &errb); code != 1 {
+		t.Fatalf("exit %d for a bad algorithm", code)
+	}
+	if want := "rls: " + bad + ": descriptors[0].rate_limit.algorithm: invalid rate limit algorithm 'leaky'"; !strings.Contains(errb.String(), want) {
+		t.Errorf("stderr %q lacks %q", errb.String(), want)
+	}
+}
