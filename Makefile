@@ -60,6 +60,12 @@ clean:
 bench: build
 	./deploy/local/bench.sh $(BIN)
 
+# The full chaos suite (about 2 minutes): kills, freezes, restarts, scale steps
+# and, as root, a partition in network namespaces; one row per scenario,
+# Markdown in .build/chaos-report.md. make test runs the short version.
+chaos:
+	$(GO) test -count=1 -v -timeout 20m -run 'TestChaos$$$$' ./chaos/ -chaos.full -chaos.report=$(CURDIR)/.build/chaos-report.md
+
 # Container image from ./Dockerfile; needs a Docker engine with BuildKit (none runs in CI here).
 image:
 	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE):$(VERSION) .

@@ -1,21 +1,25 @@
-// Package chaos starts real `ringlimit serve` processes on loopback, drives
-// RLS load at them the way a fleet of Envoys does, injects failures (kill,
-// freeze, restart, partition) and checks invariants. Nothing imports it; its
-// tests and the `make chaos` suite use it.
+// Package chaos starts real `ringlimit serve` processes on loopback (or in
+// network namespaces it makes, as root), drives RLS load at them the way a
+// fleet of Envoys does (Load), injects failures (kill, freeze, restart,
+// rolling restart, scale out and in, partition) and checks per key per
+// window how many hits were allowed (Record, Suite). Nothing imports it; its
+// tests are the short suite and `make chaos` runs the full one.
 //
-// A Cluster is not safe for concurrent use except where a method says so;
-// load generators run concurrently with fault injection.
+// A Cluster, a Netns and a Suite are not safe for concurrent use, except
+// the Node methods that signal or inspect a process; a Load's methods are.
 package chaos
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -56,21 +60,72 @@ func FreePort(host string) (int, error) {
 	return l.Addr().(*net.TCPAddr).Port, nil
 }
 
+// freeFixedPort returns a port on host, free for both TCP and UDP (gossip
+// uses both), below the kernel's ephemeral range, so that no outgoing
+// connection, of this test or any other process, takes it between a stop
+// and a restart of the node that owns it. Ports in taken are skipped.
+func freeFixedPort(rnd *rand.Rand, host string, taken map[int]bool) (int, error) {
+	lo := 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if v, err := strconv.Atoi(f[0]); err == nil {
+				lo = v
+			}
+		}
+	}
+	const base = 10000
+	if lo-base < 1000 {
+		return FreePort(host) // an unusual range: fall back to any free port
+	}
+	for try := 0; try < 200; try++ {
+		p := base + rnd.Intn(lo-base)
+		if taken[p] {
+			continue
+		}
+		addr := net.JoinHostPort(host, strconv.Itoa(p))
+		t, err := net.Listen("tcp", addr)
+		if err != nil {
+			continue
+		}
+		u, err := net.ListenPacket("udp", addr)
+		t.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return p, nil
+	}
+	return 0, fmt.Errorf("chaos: no free port on %s below %d", host, lo)
+}
+
 // Node is one ringlimit process of a Cluster. Its addresses stay the same
 // across restarts.
 type Node struct {
-	ID                        string
-	Host                      string
+	ID   string
+	Host string
+	// GRPC, HTTP and Debug are the addresses the harness dials; Gossip is
+	// the memberlist address, bound and put in every join list.
 	GRPC, HTTP, Debug, Gossip string
-	Env                       []string
-	ExtraArgs                 []string
-	LogPath                   string
+	// BindGRPC, BindHTTP and BindDebug, when set, are given as the listen
+	// flags instead of GRPC, HTTP and Debug (e.g. "0.0.0.0:8081" inside a
+	// network namespace reached through a second interface).
+	BindGRPC, BindHTTP, BindDebug string
+	// Advertise, when set, is passed as --advertise-addr.
+	Advertise string
+	// Wrap is a command prefix the binary is run under, e.g.
+	// ["ip", "netns", "exec", "ns0"]; it must exec the binary so that
+	// signals reach it.
+	Wrap      []string
+	Env       []string
+	ExtraArgs []string
+	LogPath   string
 
 	mu      sync.Mutex
 	cmd     *exec.Cmd
 	done    chan struct{} // closed when the current process exits
 	exitErr error
 	expect  bool // an exit of the current process is expected (we stopped it)
+	retired bool // removed for good: left out of join lists
 	crashes []string
 }
 
@@ -82,6 +137,9 @@ type Cluster struct {
 	Nodes  []*Node
 	// Args are added to every node's serve flags.
 	Args []string
+
+	ports map[int]bool // handed out by AddNode
+	rnd   *rand.Rand
 }
 
 // NewCluster lays out n nodes on host (e.g. "127.0.0.1") with free ports.
@@ -96,49 +154,86 @@ func NewCluster(bin, dir, config, host string, n int) (*Cluster, error) {
 	return c, nil
 }
 
-// AddNode lays out one more node (not started) and returns it.
+// AddNode lays out one more node (not started) on host with free ports
+// below the ephemeral range and returns it. A node added after others have started joins through them:
+// its join list holds every node laid out so far.
 func (c *Cluster) AddNode(host string) (*Node, error) {
+	if c.ports == nil {
+		c.ports = map[int]bool{}
+		c.rnd = rand.New(rand.NewSource(time.Now().UnixNano()))
+	}
 	var ports [4]int
 	for i := range ports {
-		p, err := FreePort(host)
+		p, err := freeFixedPort(c.rnd, host, c.ports)
 		if err != nil {
 			return nil, err
 		}
 		ports[i] = p
+		c.ports[p] = true
 	}
-	id := fmt.Sprintf("ringlimit-%d", len(c.Nodes))
-	n := &Node{
-		ID:      id,
-		Host:    host,
-		GRPC:    net.JoinHostPort(host, fmt.Sprint(ports[0])),
-		HTTP:    net.JoinHostPort(host, fmt.Sprint(ports[1])),
-		Debug:   net.JoinHostPort(host, fmt.Sprint(ports[2])),
-		Gossip:  net.JoinHostPort(host, fmt.Sprint(ports[3])),
-		LogPath: filepath.Join(c.Dir, id+".log"),
-	}
+	n := c.NewNode(host)
+	n.GRPC = net.JoinHostPort(host, fmt.Sprint(ports[0]))
+	n.HTTP = net.JoinHostPort(host, fmt.Sprint(ports[1]))
+	n.Debug = net.JoinHostPort(host, fmt.Sprint(ports[2]))
+	n.Gossip = net.JoinHostPort(host, fmt.Sprint(ports[3]))
 	c.Nodes = append(c.Nodes, n)
 	return n, nil
 }
 
-// JoinList is every node's gossip address, comma-separated.
+// NewNode returns the next node's identity (ringlimit-<index>) and log path
+// with no addresses, for a caller that lays them out itself (see
+// NetnsCluster) and then appends it to c.Nodes.
+func (c *Cluster) NewNode(host string) *Node {
+	id := fmt.Sprintf("ringlimit-%d", len(c.Nodes))
+	return &Node{ID: id, Host: host, LogPath: filepath.Join(c.Dir, id+".log")}
+}
+
+// JoinList is the gossip address of every node not retired, comma-separated.
 func (c *Cluster) JoinList() string {
 	var s []string
 	for _, n := range c.Nodes {
-		s = append(s, n.Gossip)
+		if !n.Retired() {
+			s = append(s, n.Gossip)
+		}
 	}
 	return strings.Join(s, ",")
 }
 
-// Args returns the serve arguments of node i.
+// Retire stops n for good with SIGTERM (scale-in): it waits up to timeout
+// for the exit and leaves n out of join lists from then on.
+func (c *Cluster) Retire(n *Node, timeout time.Duration) error {
+	n.mu.Lock()
+	n.retired = true
+	n.mu.Unlock()
+	return n.Stop(timeout)
+}
+
+// Retired reports whether the node was removed for good.
+func (n *Node) Retired() bool {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.retired
+}
+
+// args returns the serve arguments of node n.
 func (c *Cluster) args(n *Node) []string {
+	or := func(a, b string) string {
+		if a != "" {
+			return a
+		}
+		return b
+	}
 	a := []string{"serve",
 		"--node-name", n.ID,
 		"--config", c.Config,
-		"--grpc-addr", n.GRPC,
-		"--http-addr", n.HTTP,
-		"--debug-addr", n.Debug,
+		"--grpc-addr", or(n.BindGRPC, n.GRPC),
+		"--http-addr", or(n.BindHTTP, n.HTTP),
+		"--debug-addr", or(n.BindDebug, n.Debug),
 		"--gossip-addr", n.Gossip,
 		"--log-level", "debug",
+	}
+	if n.Advertise != "" {
+		a = append(a, "--advertise-addr", n.Advertise)
 	}
 	if len(c.Nodes) > 1 {
 		a = append(a, "--join", c.JoinList())
@@ -149,6 +244,7 @@ func (c *Cluster) args(n *Node) []string {
 
 // Start starts node n's process (again, after a kill or stop).
 func (c *Cluster) Start(n *Node) error {
+	argv := append(append(append([]string(nil), n.Wrap...), c.Bin), c.args(n)...)
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.cmd != nil {
@@ -162,8 +258,9 @@ func (c *Cluster) Start(n *Node) error {
 	if err != nil {
 		return err
 	}
-	cmd := exec.Command(c.Bin, c.args(n)...)
+	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(os.Environ(), n.Env...)
+	cmd.SysProcAttr = procAttr()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	if err := cmd.Start(); err != nil {
 		logf.Close()
@@ -318,6 +415,28 @@ func (c *Cluster) Close() {
 			n.Wait(5 * time.Second)
 		}
 	}
+}
+
+// StopAll stops the running nodes one after the other with SIGTERM, as a
+// scale-down to zero does (each graceful leave still has peers to tell),
+// waiting up to timeout for each; a node that does not exit is killed. It
+// returns the nodes that exited with an error or had to be killed.
+func (c *Cluster) StopAll(timeout time.Duration) []string {
+	var bad []string
+	for _, n := range c.Nodes {
+		if !n.Running() {
+			continue
+		}
+		n.Thaw()
+		if err := n.Stop(timeout); err != nil {
+			n.signal(syscall.SIGKILL, true)
+			n.Wait(5 * time.Second)
+			bad = append(bad, err.Error())
+		} else if e := n.ExitErr(); e != nil {
+			bad = append(bad, fmt.Sprintf("%s: exit after SIGTERM: %v", n.ID, e))
+		}
+	}
+	return bad
 }
 
 // Crashes lists unexpected exits of every node.
