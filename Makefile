@@ -64,7 +64,7 @@ bench: build
 # and, as root, a partition in network namespaces; one row per scenario,
 # Markdown in .build/chaos-report.md. make test runs the short version.
 chaos:
-	$(GO) test -count=1 -v -timeout 20m -run 'TestChaos$$$$' ./chaos/ -chaos.full -chaos.report=$(CURDIR)/.build/chaos-report.md
+	$(GO) test -count=1 -v -timeout 20m -run 'TestChaos$$' ./chaos/ -chaos.full -chaos.report=$(CURDIR)/.build/chaos-report.md
 
 # Container image from ./Dockerfile; needs a Docker engine with BuildKit (none runs in CI here).
 image:
