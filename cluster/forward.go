@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
 )
 
 // Applier decides one op against this node's counters. *bucket.Store
@@ -32,6 +33,18 @@ type Applier interface {
 // node ID and grpcAddr its gRPC address ("" when the ring is empty).
 type Owners interface {
 	Owner(key []byte) (id, grpcAddr string, self bool)
+}
+
+// Holders is optionally implemented by an Owners to name every node that
+// holds a key: Holder(key, i) is the i-th distinct one (0 is the owner,
+// then its replicas in order), self reports that it is this node, and ok is
+// false past the last. When a key's owner is suspect or has no client, the
+// forwarder sends the op to the first healthy holder after it (or decides
+// it locally when that is this node) instead of deciding it with the entry
+// node's own counter, which may start from zero: the replica continues
+// from the count it was sent.
+type Holders interface {
+	Holder(key []byte, i int) (id string, self, ok bool)
 }
 
 // Defaults and limits of ForwarderConfig.
@@ -120,6 +133,17 @@ type Forwarder struct {
 	// locks by Apply. Never nil.
 	peers atomic.Pointer[map[string]*peerClient]
 
+	// refusing makes the peer server refuse Decide and Ping (the node is
+	// re-syncing its counters after a freeze): see setServing.
+	refusing atomic.Bool
+	// graceUntil is f.mono() until which failures are not held against
+	// peers: they were this process's own freeze (see forgive).
+	graceUntil atomic.Int64
+	// stalled, if set, is asked before each Decide batch whether this
+	// process has just been frozen (a Node's pause detector, checked
+	// before its ticker notices); true refuses the batch.
+	stalled func() bool
+
 	mu     sync.Mutex // serialises SetPeers and Close
 	closed bool
 }
@@ -194,9 +218,13 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 //
 // Ops this node owns are applied directly. The others are queued to their
 // owners' batchers and wait together at most the forwarder's Timeout and
-// ctx. An op whose owner is unknown, suspect, failing or too slow is decided
-// by the local store instead (a fallback, counted by reason) and a failing
-// or slow owner becomes suspect. Apply never fails: a down peer costs
+// ctx. An op whose owner is unknown or suspect goes to the key's first
+// healthy replica when Owners implements Holders (rerouted). An op with no
+// reachable holder, or whose owner fails or is too slow, is decided by the
+// local store instead (a fallback, counted by reason; from at least the
+// owner's last answer when Local is a Node's store) and a failing or slow
+// owner becomes suspect. A call whose deadline has passed before anything
+// is forwarded is decided locally at once. Apply never fails: a down peer costs
 // accuracy, not availability. An op the owner did answer after its waiter
 // gave up is counted at both nodes. Ops of one call that go to the same
 // owner may travel in different batches (up to four are in flight per
@@ -206,6 +234,7 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 	var (
 		req   *fwdRequest
 		peers map[string]*peerClient
+		late  bool // the caller has given up already: forward nothing
 	)
 	for i := range ops {
 		op := &ops[i]
@@ -218,21 +247,47 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 			peers = *f.peers.Load()
 		}
 		p := peers[id]
+		if p == nil || p.suspect.Load() {
+			q, toSelf := f.reroute(op.Key, peers)
+			switch {
+			case toSelf:
+				results[i] = f.applyInstead(now, op)
+				f.m.rerouted.Inc()
+				continue
+			case q != nil:
+				p = q
+				f.m.rerouted.Inc()
+			case p == nil:
+				f.fallback(now, op, &results[i], f.m.fbUnknown)
+				continue
+			default:
+				f.fallback(now, op, &results[i], f.m.fbSuspect)
+				continue
+			}
+		}
 		switch {
-		case p == nil:
-			f.fallback(now, op, &results[i], f.m.fbUnknown)
-			continue
-		case p.suspect.Load():
-			f.fallback(now, op, &results[i], f.m.fbSuspect)
-			continue
 		case peerValidateOp(op) != nil:
 			// The owner would refuse the whole batch this op lands in: the
 			// local store decides it as it would decide its own keys.
 			results[i] = f.local.Apply(now, op)
 			continue
 		}
+		if late {
+			f.fallback(now, op, &results[i], f.m.fbTimeout)
+			continue
+		}
 		if req == nil {
+			wait := f.waitFor(ctx)
+			if wait <= 0 {
+				// No owner can answer in time (a call read late, e.g. by a
+				// process thawed after a freeze): decide locally, and do not
+				// blame the owner for it.
+				late = true
+				f.fallback(now, op, &results[i], f.m.fbTimeout)
+				continue
+			}
 			req = f.getRequest()
+			req.deadline = now + int64(wait)
 		}
 		it := req.add(i, p, op)
 		if ok, closed := p.enqueue(it); !ok {
@@ -247,6 +302,29 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 	}
 	if req != nil {
 		f.wait(ctx, now, req, ops, results)
+	}
+}
+
+// reroute finds where an op goes when its owner is suspect or unknown: the
+// first holder after the owner that is this node (toSelf) or a peer that is
+// not suspect (p). Both are zero when Owners does not implement Holders or
+// no holder qualifies.
+func (f *Forwarder) reroute(key []byte, peers map[string]*peerClient) (p *peerClient, toSelf bool) {
+	h, ok := f.owners.(Holders)
+	if !ok {
+		return nil, false
+	}
+	for i := 1; ; i++ {
+		id, self, ok := h.Holder(key, i)
+		switch {
+		case !ok:
+			return nil, false
+		case self || id == f.self:
+			return nil, true
+		}
+		if q := peers[id]; q != nil && !q.suspect.Load() {
+			return q, false
+		}
 	}
 }
 
@@ -267,6 +345,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 		req.timer.Stop()
 	}
 	forwarded := 0
+	ac, _ := f.local.(answerCache)
 	var late *peerClient // the last peer noted late: one note per peer per call
 	for _, it := range req.items[:req.n] {
 		i := it.index
@@ -293,6 +372,9 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 			continue
 		}
 		results[i] = it.res
+		if ac != nil {
+			ac.remember(now, &ops[i], it.res)
+		}
 		forwarded++
 	}
 	if forwarded > 0 {
@@ -330,8 +412,29 @@ func (f *Forwarder) waitFor(ctx context.Context) time.Duration {
 
 // fallback decides op locally and counts it under c.
 func (f *Forwarder) fallback(now int64, op *bucket.Op, res *bucket.Result, c prometheus.Counter) {
-	*res = f.local.Apply(now, op)
+	*res = f.applyInstead(now, op)
 	c.Inc()
+}
+
+// answerCache is implemented by a Local that remembers what owners
+// answered (a Node's): a key decided here instead of at its owner (a
+// fallback, or a replica standing in) then continues from at least the
+// owner's last answered count rather than from this node's own, which may
+// be zero. Without it, an owner answering late under load lets entry nodes
+// allow exhausted keys again.
+type answerCache interface {
+	// remember notes the owner's answer r to op, decided at now.
+	remember(now int64, op *bucket.Op, r bucket.Result)
+	// applyInstead decides op here, from at least the remembered count.
+	applyInstead(now int64, op *bucket.Op) bucket.Result
+}
+
+// applyInstead decides op with the local store for a key another node owns.
+func (f *Forwarder) applyInstead(now int64, op *bucket.Op) bucket.Result {
+	if ac, ok := f.local.(answerCache); ok {
+		return ac.applyInstead(now, op)
+	}
+	return f.local.Apply(now, op)
 }
 
 func (f *Forwarder) getRequest() *fwdRequest {
@@ -391,6 +494,38 @@ func (f *Forwarder) Suspects() []string {
 	return out
 }
 
+// peerRPC returns the Peer client of peer id, or nil when id is not a
+// current peer. The connection belongs to the forwarder: it closes when the
+// peer is removed, failing the RPCs in flight on it.
+func (f *Forwarder) peerRPC(id string) peerpb.PeerClient {
+	if p := (*f.peers.Load())[id]; p != nil {
+		return p.client
+	}
+	return nil
+}
+
+// setServing makes the peer server answer (true, the default) or refuse
+// Decide and Ping with codes.Unavailable (false): a node re-syncing its
+// counters must not decide with stale ones. Entry nodes then fall back and
+// hold the node suspect until it answers Ping again.
+func (f *Forwarder) setServing(ok bool) { f.refusing.Store(!ok) }
+
+// forgive clears every peer's suspicion and failure count and ignores new
+// failures for grace: after this process was frozen, the timeouts it saw
+// were its own, not its peers'.
+func (f *Forwarder) forgive(grace time.Duration) {
+	f.graceUntil.Store(f.mono() + int64(grace))
+	for _, p := range *f.peers.Load() {
+		p.fails.Store(0)
+		p.clearSuspect("this node was paused, not the peer")
+	}
+}
+
+// serving reports whether the peer server answers Decide and Ping now.
+func (f *Forwarder) serving() bool {
+	return !f.refusing.Load() && (f.stalled == nil || !f.stalled())
+}
+
 // Close stops every peer client: it cancels their RPCs, joins their
 // goroutines and closes their connections. Ops still queued fall back.
 // Apply keeps working after Close, deciding every op locally. Close is
@@ -435,6 +570,9 @@ type fwdRequest struct {
 	timer   *time.Timer
 	items   []*fwdItem // items[:n] are in use
 	n       int
+	// deadline is when the waiter gives up, Unix ns on the entry node's
+	// clock: an owner that reads the batch later must not apply it.
+	deadline int64
 }
 
 func newFwdRequest() *fwdRequest {
@@ -452,6 +590,7 @@ func (r *fwdRequest) add(index int, p *peerClient, op *bucket.Op) *fwdItem {
 	it := r.items[r.n]
 	r.n++
 	it.index = index
+	it.deadline = r.deadline
 	it.peer = p
 	it.err = nil
 	it.res = bucket.Result{}
@@ -484,11 +623,13 @@ type fwdItem struct {
 	req   *fwdRequest
 	peer  *peerClient
 	index int // in the caller's ops
-	key   []byte
-	op    bucket.Op // op.Key aliases key
-	state atomic.Uint32
-	res   bucket.Result // written by a sender before state becomes fwdDone
-	err   error         // idem
+	// deadline is the request's deadline (Unix ns, entry node's clock).
+	deadline int64
+	key      []byte
+	op       bucket.Op // op.Key aliases key
+	state    atomic.Uint32
+	res      bucket.Result // written by a sender before state becomes fwdDone
+	err      error         // idem
 }
 
 // complete records the owner's answer (or err) unless the waiter gave up.
@@ -515,6 +656,9 @@ type fwdMetrics struct {
 	fbUnknown   prometheus.Counter
 	rpcDuration prometheus.Histogram
 	batchSize   prometheus.Histogram
+	expired     prometheus.Counter
+	refused     prometheus.Counter
+	rerouted    prometheus.Counter
 }
 
 func newFwdMetrics(maxBatch int) fwdMetrics {
@@ -538,6 +682,18 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 			Buckets: prometheus.ExponentialBuckets(1, 2, bits.Len(uint(maxBatch-1))+1),
 		}),
 	}
+	m.expired = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_peer_expired_ops_total",
+		Help: "Ops in Decide batches this node received after their sender's deadline and did not apply.",
+	})
+	m.refused = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_peer_refused_ops_total",
+		Help: "Ops in Decide batches this node refused while it re-synced its counters.",
+	})
+	m.rerouted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_rerouted_decisions_total",
+		Help: "Decisions for keys whose owner was suspect or unknown, sent to (or taken by) the key's first healthy replica instead.",
+	})
 	m.fbTimeout = m.fallbacks.WithLabelValues("timeout")
 	m.fbError = m.fallbacks.WithLabelValues("error")
 	m.fbSuspect = m.fallbacks.WithLabelValues("suspect")
@@ -550,7 +706,7 @@ func (m fwdMetrics) register(r prometheus.Registerer) error {
 	if r == nil {
 		return nil
 	}
-	cs := []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize}
+	cs := []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted}
 	for i, c := range cs {
 		if err := r.Register(c); err != nil {
 			for _, done := range cs[:i] {

@@ -1,7 +1,12 @@
 // Package cluster owns how ringlimit processes find each other and talk to each
 // other: gossip membership on hashicorp/memberlist (membership*.go, meta.go,
-// events.go) and request forwarding between peers. Every exported type is
-// safe for concurrent use unless its documentation says otherwise.
+// events.go), request forwarding between peers (forward.go, peer*.go,
+// suspect.go), and keeping counts when nodes come and go: replication of
+// every write to the key's replicas (replog.go, replicate.go), handoff on
+// ring changes and on a graceful leave (handoff.go), sync before a node is
+// ready and re-sync after a freeze (sync.go, ready.go). node.go glues them to
+// the ring. Every exported type is safe for concurrent use unless its
+// documentation says otherwise.
 package cluster
 
 import (
@@ -41,6 +46,10 @@ type Member struct {
 	Addr     string // gossip host:port
 	Started  int64  // process start, Unix ns (from metadata)
 	State    string // MemberAlive, MemberDead or MemberLeft (see MemberSuspect)
+	// Ready reports that the process has synced its counters and may be a
+	// ring member (from metadata; see Membership.SetReady). A process
+	// starts not ready.
+	Ready bool
 }
 
 // MembershipConfig configures NewMembership. Zero values of optional fields
@@ -99,6 +108,8 @@ const (
 	mshipSettle = 20 * time.Millisecond
 	// mshipForgetGone is how long All keeps reporting dead and left nodes.
 	mshipForgetGone = 2 * time.Minute
+	// mshipUpdateWait bounds how long SetReady waits for its broadcast.
+	mshipUpdateWait = time.Second
 )
 
 // Membership is this process's view of the ringlimit cluster. It is safe for
@@ -312,7 +323,7 @@ func (m *Membership) Self() Member {
 	// Not reached: memberlist reports the local node during Create.
 	meta := *m.meta.Load()
 	d, _ := mshipDecodeMeta(meta)
-	return Member{ID: d.ID, Name: m.name, GRPCAddr: d.GRPCAddr, Started: m.started, State: MemberAlive}
+	return Member{ID: d.ID, Name: m.name, GRPCAddr: d.GRPCAddr, Started: m.started, State: MemberAlive, Ready: d.Ready}
 }
 
 // Alive returns the live ring members sorted by ID, self included until Leave.
@@ -431,6 +442,38 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 		return fmt.Errorf("cluster: leave: %w", err)
 	}
 	m.logger.Info("cluster: left the cluster", "name", m.name)
+	return nil
+}
+
+// SetReady gossips whether this process is ready (Member.Ready): it
+// updates the node metadata and waits, at most about a second, until
+// memberlist has broadcast it (the update is still gossiped after a
+// timeout, which is the error returned). Other nodes see the change through
+// their onChange. A process starts not ready. After Leave or Close it
+// returns an error and changes nothing.
+func (m *Membership) SetReady(ready bool) (err error) {
+	m.life.Lock()
+	defer m.life.Unlock()
+	if m.closed || m.left {
+		return errors.New("cluster: set ready: membership has left or is closed")
+	}
+	defer mshipRecover(&err)
+	cur, err := mshipDecodeMeta(*m.meta.Load())
+	if err != nil {
+		return fmt.Errorf("cluster: set ready: %w", err)
+	}
+	if cur.Ready == ready {
+		return nil
+	}
+	cur.Ready = ready
+	meta, err := mshipEncodeMeta(cur)
+	if err != nil {
+		return fmt.Errorf("cluster: set ready: %w", err)
+	}
+	m.meta.Store(&meta)
+	if err := m.ml.UpdateNode(mshipUpdateWait); err != nil {
+		return fmt.Errorf("cluster: set ready: %w", err)
+	}
 	return nil
 }
 

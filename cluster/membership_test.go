@@ -709,3 +709,43 @@ func TestMshipLogWriter(t *testing.T) {
 		t.Fatalf("logged below the handler's level: %q", out.String())
 	}
 }
+
+// SetReady gossips the ready flag: every peer's Alive and onChange see it,
+// a process starts not ready, and SetReady after Leave is an error.
+func TestMembershipSetReady(t *testing.T) {
+	t.Parallel()
+	n := newMshipNet()
+	nodes := mshipCluster(t, n, []string{"a", "b"})
+	a, b := nodes[0], nodes[1]
+	readyOf := func(ms []Member, id string) bool {
+		for _, m := range ms {
+			if m.ID == id {
+				return m.Ready
+			}
+		}
+		return false
+	}
+	if readyOf(b.Alive(), "a") || a.Self().Ready {
+		t.Fatal("a is ready before SetReady")
+	}
+	for _, want := range []bool{true, false, true} {
+		if err := a.SetReady(want); err != nil {
+			t.Fatalf("SetReady(%v): %v", want, err)
+		}
+		if a.Self().Ready != want {
+			t.Errorf("a.Self().Ready = %v after SetReady(%v)", a.Self().Ready, want)
+		}
+		mshipWaitFor(t, mshipQuick, fmt.Sprintf("b to see a ready=%v", want), func() bool {
+			return readyOf(b.Alive(), "a") == want && readyOf(b.rec.last(), "a") == want
+		})
+	}
+	if err := a.SetReady(true); err != nil {
+		t.Errorf("repeated SetReady(true): %v", err)
+	}
+	if err := a.Leave(mshipQuick); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetReady(false); err == nil || !strings.HasPrefix(err.Error(), "cluster: ") {
+		t.Errorf("SetReady after Leave = %v, want a cluster: error", err)
+	}
+}

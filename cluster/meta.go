@@ -15,8 +15,14 @@ const mshipMetaMax = 512
 // old nodes instead of being misread.
 const mshipMetaVersion = 1
 
-// mshipMetaFlagLeaving marks a node that has started a graceful leave.
-const mshipMetaFlagLeaving = 1 << 0
+// Flag bits of the metadata's second byte.
+const (
+	// mshipMetaFlagLeaving marks a node that has started a graceful leave.
+	mshipMetaFlagLeaving = 1 << 0
+	// mshipMetaFlagReady marks a node that has synced its counters and
+	// may be put in the ring. Old nodes ignore it (unknown flags are).
+	mshipMetaFlagReady = 1 << 1
+)
 
 // mshipMeta is what a ringlimit process gossips about itself in memberlist's
 // node metadata.
@@ -25,6 +31,7 @@ type mshipMeta struct {
 	GRPCAddr string // host:port of its gRPC service
 	Started  int64  // process start, Unix ns
 	Leaving  bool   // a graceful leave has begun
+	Ready    bool   // synced: may be a ring member
 }
 
 var errMshipMetaShort = errors.New("cluster: metadata: truncated")
@@ -42,6 +49,9 @@ func mshipEncodeMeta(m mshipMeta) ([]byte, error) {
 	var flags byte
 	if m.Leaving {
 		flags |= mshipMetaFlagLeaving
+	}
+	if m.Ready {
+		flags |= mshipMetaFlagReady
 	}
 	b := make([]byte, 0, 2+2*binary.MaxVarintLen64+len(m.ID)+len(m.GRPCAddr)+binary.MaxVarintLen64)
 	b = append(b, mshipMetaVersion, flags)
@@ -71,6 +81,7 @@ func mshipDecodeMeta(b []byte) (mshipMeta, error) {
 		return m, fmt.Errorf("cluster: metadata: unknown version %d", b[0])
 	}
 	m.Leaving = b[1]&mshipMetaFlagLeaving != 0
+	m.Ready = b[1]&mshipMetaFlagReady != 0
 	rest := b[2:]
 	var err error
 	if m.ID, rest, err = mshipReadString(rest); err != nil {

@@ -13,6 +13,8 @@ func TestMshipMetaRoundTrip(t *testing.T) {
 	}{
 		{"typical", mshipMeta{ID: "ringlimit-0", GRPCAddr: "10.0.0.7:8081", Started: 1_700_000_000_123_456_789}},
 		{"leaving", mshipMeta{ID: "ringlimit-1", GRPCAddr: "10.0.0.8:8081", Started: 42, Leaving: true}},
+		{"ready", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true}},
+		{"ready and leaving", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true, Leaving: true}},
 		{"negative start", mshipMeta{ID: "x", GRPCAddr: "[::1]:1", Started: -1}},
 		{"utf8 id", mshipMeta{ID: "nœud/é", GRPCAddr: "h:1", Started: 0}},
 		{"largest that fits", mshipMeta{ID: strings.Repeat("i", 400), GRPCAddr: strings.Repeat("g", 95) + ":1", Started: 1<<63 - 1}},
@@ -92,8 +94,8 @@ func TestMshipMetaUnknownFlagsIgnored(t *testing.T) {
 	}
 	b[1] |= 0x80
 	got, err := mshipDecodeMeta(b)
-	if err != nil || got.Leaving {
-		t.Fatalf("got %+v, %v; want the node decoded, not leaving", got, err)
+	if err != nil || got.Leaving || got.Ready {
+		t.Fatalf("got %+v, %v; want the node decoded, not leaving, not ready", got, err)
 	}
 }
 

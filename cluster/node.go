@@ -1,12 +1,16 @@
 package cluster
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,14 +21,31 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 )
 
-// NodeConfig configures a Node: this process's membership, its ring and its
-// forwarder. Membership.ID is the node's stable identity.
+// NodeConfig configures a Node: this process's membership, its ring, its
+// forwarder and how it keeps counts when nodes come and go.
+// Membership.ID is the node's stable identity.
 type NodeConfig struct {
 	Membership MembershipConfig
 	// Ring tunes placement; the zero value is ring's defaults.
 	Ring ring.Config
-	// Local is this node's store.
-	Local Applier
+	// Store is this node's counter store (required).
+	Store Store
+	// Replicas is how many distinct nodes hold each key: its owner and
+	// Replicas-1 replicas, the key's next successors on the ring. 0 means
+	// DefaultReplicas; 1 disables replication (handoff and sync still
+	// move counters to new owners). At most MaxReplicas.
+	Replicas int
+	// ReplicateInterval is how often recorded writes are sent to the
+	// replicas; 0 means DefaultReplicateInterval.
+	ReplicateInterval time.Duration
+	// SyncTimeout bounds how long a joining or thawed node waits for each
+	// peer's Sync before it becomes ready anyway; 0 means
+	// DefaultSyncTimeout.
+	SyncTimeout time.Duration
+	// PauseThreshold is the gap between two ticks of the pause detector
+	// (every PauseThreshold/10) that means this process was frozen; 0
+	// means DefaultPauseThreshold, negative disables detection.
+	PauseThreshold time.Duration
 	// Clock returns Unix nanoseconds; nil means the wall clock.
 	Clock func() int64
 	// DialOptions, Timeout, SuspectFor and MaxBatch are passed to the
@@ -36,67 +57,141 @@ type NodeConfig struct {
 	// Registerer receives the cluster metrics; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+
+	// monoClock replaces the pause detector's monotonic clock (tests).
+	monoClock func() time.Duration
 }
+
+// Defaults of NodeConfig.
+const (
+	// DefaultSyncTimeout bounds one peer's Sync by default.
+	DefaultSyncTimeout = 1500 * time.Millisecond
+	// DefaultPauseThreshold is the tick gap that means a freeze by default.
+	DefaultPauseThreshold = time.Second
+)
 
 // view is one consistent picture of the cluster: the ring and where each of
 // its members answers. Immutable once published.
 type view struct {
-	ring  *ring.Ring
-	addrs map[string]string // ID -> gRPC address
-	built time.Time
+	ring *ring.Ring
+	// targets places the replicas of this node's writes: ring, or ring
+	// without this node while it drains.
+	targets *ring.Ring
+	addrs   map[string]string // ID -> gRPC address
+	built   time.Time
 }
 
 // Node is this process's part of a ringlimit cluster: it gossips
 // membership, rebuilds the ring off-lock on every change and publishes it
-// atomically, and decides each op at its key's owner (Apply). It is safe for
-// concurrent use; Close stops it.
+// atomically, decides each op at its key's owner (Apply), replicates every
+// write to the key's replicas, hands counters to their new owners when the
+// ring changes, and syncs its counters from its peers before it declares
+// itself ready (on start and after a freeze). Rings hold only ready members.
+// It is safe for concurrent use; Close stops it.
 type Node struct {
-	self    string
-	ringCfg ring.Config
-	log     *slog.Logger
-	fwd     *Forwarder
-	m       *Membership
-	view    atomic.Pointer[view]
+	self     string
+	ringCfg  ring.Config
+	replicas int
+	clock    func() int64
+	log      *slog.Logger
+	store    Store
+	fwd      *Forwarder
+	m        *Membership
+	repl     *replicator // nil when Replicas is 1
+	view     atomic.Pointer[view]
+	selfAddr string
+	dialOpts []grpc.DialOption
+
+	syncTimeout    time.Duration
+	pauseThreshold time.Duration
+	mono           func() time.Duration
+	lastTick       atomic.Int64 // mono at the pause detector's last look, ns
+
+	viewMu sync.Mutex // serialises rebuilds
+	alive  []Member   // the membership's last view, under viewMu
+
+	ready    atomic.Bool // synced: a member of its own ring
+	draining atomic.Bool
+
+	handoffKick chan struct{} // capacity 1
+	resyncKick  chan struct{} // capacity 1
+	ctx         context.Context
+	cancel      context.CancelFunc
+	wg          sync.WaitGroup
+	closeOnce   sync.Once
+	closeErr    error
 
 	members  prometheus.Gauge
 	rebuilds prometheus.Counter
+	rm       *replMetrics
 }
 
-// NewNode starts membership and forwarding. The node answers for every key
-// itself until it has joined others.
+// NewNode starts membership, forwarding and replication. The node is not
+// ready, and not in its own ring, until it has joined and synced.
 func NewNode(cfg NodeConfig) (*Node, error) {
-	if cfg.Membership.ID == "" {
+	switch {
+	case cfg.Membership.ID == "":
 		return nil, errors.New("cluster: node: empty ID")
+	case cfg.Store == nil:
+		return nil, errors.New("cluster: node: Store is nil")
+	case cfg.Replicas < 0 || cfg.Replicas > MaxReplicas:
+		return nil, fmt.Errorf("cluster: node: Replicas must be 0 to %d, got %d", MaxReplicas, cfg.Replicas)
+	case cfg.ReplicateInterval < 0:
+		return nil, fmt.Errorf("cluster: node: ReplicateInterval must be >= 0, got %v", cfg.ReplicateInterval)
+	case cfg.SyncTimeout < 0:
+		return nil, fmt.Errorf("cluster: node: SyncTimeout must be >= 0, got %v", cfg.SyncTimeout)
 	}
 	n := &Node{
-		self:    cfg.Membership.ID,
-		ringCfg: cfg.Ring,
-		log:     cfg.Logger,
+		self:           cfg.Membership.ID,
+		ringCfg:        cfg.Ring,
+		replicas:       cmp.Or(cfg.Replicas, DefaultReplicas),
+		clock:          cfg.Clock,
+		log:            cfg.Logger,
+		store:          cfg.Store,
+		selfAddr:       cfg.Membership.GRPCAddr,
+		syncTimeout:    cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
+		pauseThreshold: cmp.Or(cfg.PauseThreshold, DefaultPauseThreshold),
+		mono:           cfg.monoClock,
+		handoffKick:    make(chan struct{}, 1),
+		resyncKick:     make(chan struct{}, 1),
 		members: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ringlimit_cluster_members", Help: "Alive cluster members this node sees (itself included).",
+			Name: "ringlimit_cluster_members", Help: "Ready cluster members in this node's ring (itself included once ready).",
 		}),
 		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ringlimit_ring_rebuilds_total", Help: "Times the hash ring was rebuilt after a membership change.",
 		}),
+		rm: newReplMetrics(),
 	}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
 	}
-	r, err := ring.New([]string{n.self}, n.ringCfg)
+	if n.clock == nil {
+		n.clock = func() int64 { return time.Now().UnixNano() }
+	}
+	if n.mono == nil {
+		start := time.Now()
+		n.mono = func() time.Duration { return time.Since(start) }
+	}
+	r, err := ring.New(nil, n.ringCfg)
 	if err != nil {
 		return nil, err
 	}
-	n.view.Store(&view{ring: r, addrs: map[string]string{n.self: cfg.Membership.GRPCAddr}, built: time.Now()})
+	n.view.Store(&view{ring: r, targets: r, addrs: map[string]string{n.self: n.selfAddr}, built: time.Now()})
 	if cfg.Registerer != nil {
-		if err := registerAll(cfg.Registerer, n.members, n.rebuilds); err != nil {
-			return nil, err
+		cs := append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...)
+		if err := registerAll(cfg.Registerer, cs...); err != nil {
+			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
+	}
+	var rlog *replLog
+	if n.replicas > 1 {
+		rlog = newReplLog()
 	}
 	n.fwd, err = NewForwarder(ForwarderConfig{
 		Self:        n.self,
-		Local:       cfg.Local,
+		Local:       recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys})},
 		Owners:      n,
-		Clock:       cfg.Clock,
+		Clock:       n.clock,
 		DialOptions: cfg.DialOptions,
 		MaxBatch:    cfg.MaxBatch,
 		Timeout:     cfg.Timeout,
@@ -105,7 +200,30 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
+		if cfg.Registerer != nil {
+			for _, c := range append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...) {
+				cfg.Registerer.Unregister(c)
+			}
+		}
 		return nil, err
+	}
+	n.dialOpts = n.fwd.dialOpts
+	n.fwd.setServing(false) // until synced
+	n.lastTick.Store(int64(n.mono()))
+	n.fwd.stalled = n.stalled
+	n.ctx, n.cancel = context.WithCancel(context.Background())
+	if rlog != nil {
+		n.repl = &replicator{
+			self:     n.self,
+			replicas: n.replicas,
+			log:      rlog,
+			interval: cmp.Or(cfg.ReplicateInterval, DefaultReplicateInterval),
+			targets:  func() *ring.Ring { return n.view.Load().targets },
+			client:   n.fwd.peerRPC,
+			m:        n.rm,
+			logger:   n.log,
+		}
+		n.repl.start()
 	}
 	mc := cfg.Membership
 	if mc.Logger == nil {
@@ -113,46 +231,98 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	}
 	n.m, err = NewMembership(mc, n.onChange)
 	if err != nil {
+		n.cancel()
+		if n.repl != nil {
+			n.repl.close()
+		}
 		n.fwd.Close()
 		return nil, err
+	}
+	n.wg.Add(2)
+	go n.handoffLoop()
+	go n.lifecycle()
+	if n.pauseThreshold > 0 {
+		n.wg.Add(1)
+		go n.pauseLoop()
 	}
 	return n, nil
 }
 
 func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for _, c := range cs {
+	for i, c := range cs {
 		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
 			return err
 		}
 	}
 	return nil
 }
 
-// onChange rebuilds the ring for the alive members and publishes it. It runs
-// on the membership's notifier goroutine, one call at a time.
+// onChange records the membership's view and rebuilds the ring. It runs on
+// the membership's notifier goroutine, one call at a time.
 func (n *Node) onChange(alive []Member) {
-	ids := make([]string, 0, len(alive))
-	addrs := make(map[string]string, len(alive))
-	for _, m := range alive {
-		ids = append(ids, m.ID)
-		addrs[m.ID] = m.GRPCAddr
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
+	n.alive = alive
+	n.rebuildLocked()
+}
+
+// rebuild rebuilds the ring from the last membership view, after this
+// node's own readiness changed.
+func (n *Node) rebuild() {
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
+	n.rebuildLocked()
+}
+
+// rebuildLocked builds the ring of the ready alive members (this node when
+// it is ready, per its own flag, which is ahead of its gossip) and publishes
+// it; a changed ring wakes the handoff. n.viewMu is held.
+func (n *Node) rebuildLocked() {
+	var ids, others []string
+	addrs := map[string]string{n.self: n.selfAddr}
+	for _, m := range n.alive {
+		switch {
+		case m.ID == n.self:
+			if n.ready.Load() {
+				ids = append(ids, m.ID)
+			}
+		case m.Ready:
+			ids = append(ids, m.ID)
+			others = append(others, m.ID)
+			addrs[m.ID] = m.GRPCAddr
+		}
 	}
 	r, err := ring.New(ids, n.ringCfg)
 	if err != nil {
 		n.log.Error("ring rebuild failed; keeping the previous ring", "members", ids, "err", err)
 		return
 	}
-	n.view.Store(&view{ring: r, addrs: addrs, built: time.Now()})
-	peers := make(map[string]string, len(addrs))
-	for id, a := range addrs {
-		if id != n.self {
-			peers[id] = a
+	targets := r
+	if n.draining.Load() && len(others) != len(ids) {
+		if targets, err = ring.New(others, n.ringCfg); err != nil {
+			n.log.Error("ring rebuild failed; keeping the previous ring", "members", others, "err", err)
+			return
 		}
+	}
+	old := n.view.Load()
+	n.view.Store(&view{ring: r, targets: targets, addrs: addrs, built: time.Now()})
+	peers := make(map[string]string, len(others))
+	for _, id := range others {
+		peers[id] = addrs[id]
 	}
 	n.fwd.SetPeers(peers)
 	n.members.Set(float64(len(ids)))
-	n.rebuilds.Inc()
-	n.log.Info("ring rebuilt", "members", ids)
+	if !slices.Equal(old.ring.Members(), r.Members()) {
+		n.rebuilds.Inc()
+		n.log.Info("ring rebuilt", "members", ids)
+		select {
+		case n.handoffKick <- struct{}{}:
+		default:
+		}
+	}
 }
 
 // Owner implements Owners from the current ring snapshot, without locks.
@@ -165,27 +335,56 @@ func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	return id, v.addrs[id], false
 }
 
+// Holder implements Holders from the current ring snapshot: the i-th of
+// the key's first Replicas distinct successors. It takes no lock and does
+// not allocate.
+func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
+	if i < 0 || i >= n.replicas {
+		return "", false, false
+	}
+	var buf [MaxReplicas]string
+	s := n.view.Load().ring.Successors(key, i+1, buf[:0])
+	if len(s) <= i {
+		return "", false, false
+	}
+	return s[i], s[i] == n.self, true
+}
+
 // Apply decides ops at their owners (see Forwarder.Apply).
 func (n *Node) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
 	n.fwd.Apply(ctx, now, ops, results)
 }
 
-// Register registers the peer service on g (the RLS gRPC server).
-func (n *Node) Register(g *grpc.Server) { n.fwd.Register(g) }
+// Register registers the peer service on g (the RLS gRPC server): Decide
+// and Ping, and the Replicate and Sync RPCs this node serves.
+func (n *Node) Register(g *grpc.Server) { n.fwd.register(g, n) }
 
-// Ready reports whether the node has joined its cluster.
-func (n *Node) Ready() bool { return n.m.Joined() }
+// Ready reports whether the node has joined its cluster and synced its
+// counters, and is not draining: /healthcheck and gRPC health follow it.
+func (n *Node) Ready() bool {
+	return n.m.Joined() && n.ready.Load() && !n.draining.Load()
+}
 
 // Membership returns the node's membership.
 func (n *Node) Membership() *Membership { return n.m }
 
-// Leave announces a graceful leave to the cluster.
+// Leave announces a graceful leave to the cluster without handing off
+// (see Drain).
 func (n *Node) Leave(timeout time.Duration) error { return n.m.Leave(timeout) }
 
-// Close stops membership and forwarding and joins their goroutines.
+// Close stops replication, handoff, membership and forwarding and joins
+// their goroutines. Counters not yet replicated stay here. Idempotent.
 func (n *Node) Close() error {
-	err := n.m.Close()
-	return errors.Join(err, n.fwd.Close())
+	n.closeOnce.Do(func() {
+		n.cancel()
+		n.wg.Wait()
+		if n.repl != nil {
+			n.repl.close()
+		}
+		err := n.m.Close()
+		n.closeErr = errors.Join(err, n.fwd.Close())
+	})
+	return n.closeErr
 }
 
 // DebugHandler serves /debug/cluster: this node, every member with its state
@@ -220,10 +419,13 @@ func (n *Node) DebugHandler() http.Handler {
 		out := struct {
 			Self      Member   `json:"self"`
 			Joined    bool     `json:"joined"`
+			Ready     bool     `json:"ready"`
+			Draining  bool     `json:"draining,omitempty"`
+			Replicas  int      `json:"replicas"`
 			Ring      []string `json:"ring"`
 			RingBuilt string   `json:"ring_built"`
 			Members   []member `json:"members"`
-		}{n.m.Self(), n.m.Joined(), v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
+		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

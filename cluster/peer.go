@@ -169,6 +169,7 @@ func (p *peerClient) sendLoop() {
 func (p *peerClient) decide(b *peerSendBuf) {
 	live := b.batch[:0]
 	b.ptrs = b.ptrs[:0]
+	b.req.DeadlineNs = 0
 	for _, it := range b.batch {
 		if it.state.Load() == fwdAbandoned {
 			continue // its waiter has decided it already: do not count it twice
@@ -180,8 +181,13 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		o.UnitNs = it.op.Limit.Unit
 		o.Hits = it.op.Hits
 		o.Mode = uint32(it.op.Mode)
+		o.Burst = it.op.Limit.Burst
 		b.ptrs = append(b.ptrs, o)
 		live = append(live, it)
+		if b.req.DeadlineNs == 0 || it.deadline < b.req.DeadlineNs {
+			// The earliest waiter: no op is applied after its waiter gave up.
+			b.req.DeadlineNs = it.deadline
+		}
 	}
 	if len(live) == 0 {
 		return

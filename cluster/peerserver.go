@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"time"
+	"unicode/utf8"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -20,34 +23,66 @@ const (
 	peerMaxKeyLen = 8 << 10 // bytes per key
 )
 
-// errPeerInvalid marks a request the owner refuses as a whole.
-var errPeerInvalid = errors.New("cluster: invalid peer request")
+// Errors the peer server maps to gRPC codes in peerStatus.
+var (
+	// errPeerInvalid marks a request the owner refuses as a whole.
+	errPeerInvalid = errors.New("cluster: invalid peer request")
+	// errPeerNotServing refuses Decide and Ping while the node re-syncs.
+	errPeerNotServing = errors.New("cluster: node is re-syncing its counters")
+	// errPeerExpired skips a Decide batch read after its deadline.
+	errPeerExpired = errors.New("cluster: decide batch expired")
+)
 
-// Register registers the Peer service (Decide and Ping) on s, next to the
-// rate limit service. Decide applies ops to the forwarder's Local store
-// with its Clock.
-func (f *Forwarder) Register(s *grpc.Server) {
-	peerpb.RegisterPeerServer(s, &peerServer{f: f})
+// Register registers the Peer service on s, next to the rate limit
+// service. Decide applies ops to the forwarder's Local store with its
+// Clock; Replicate and Sync answer Unimplemented (a Node serves them, see
+// Node.Register).
+func (f *Forwarder) Register(s *grpc.Server) { f.register(s, nil) }
+
+// register registers the Peer service with st serving Replicate and Sync
+// (nil: Unimplemented).
+func (f *Forwarder) register(s *grpc.Server, st stateService) {
+	peerpb.RegisterPeerServer(s, &peerServer{f: f, st: st})
+}
+
+// stateService serves the counter-state RPCs. Requests reach it validated.
+type stateService interface {
+	// replicate merges entries and returns how many changed a counter.
+	replicate(from string, entries []*peerpb.Entry) int
+	// sync streams the caller's entries.
+	sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingServer[peerpb.SyncResponse]) error
 }
 
 // peerServer is the owner side of the Peer protocol.
 type peerServer struct {
 	peerpb.UnimplementedPeerServer
-	f *Forwarder
+	f  *Forwarder
+	st stateService
 }
 
 // Decide validates the whole batch first, so a bad batch applies nothing,
-// then applies every op at one reading of the owner's clock.
+// then applies every op at one reading of the owner's clock. It refuses the
+// batch (Unavailable) while the node re-syncs, and skips it
+// (DeadlineExceeded) when the sender's deadline has passed by this node's
+// clock: the sender has decided these ops itself by now.
 func (s *peerServer) Decide(ctx context.Context, req *peerpb.DecideRequest) (*peerpb.DecideResponse, error) {
 	ops := req.GetOps()
 	if err := peerValidateBatch(ops); err != nil {
 		return nil, peerStatus(err)
+	}
+	if !s.f.serving() {
+		s.f.m.refused.Add(float64(len(ops)))
+		return nil, peerStatus(errPeerNotServing)
 	}
 	if err := ctx.Err(); err != nil {
 		// The sender has given up and decided these ops itself.
 		return nil, peerStatus(err)
 	}
 	now := s.f.clock()
+	if dl := req.GetDeadlineNs(); dl != 0 && now >= dl {
+		s.f.m.expired.Add(float64(len(ops)))
+		return nil, peerStatus(fmt.Errorf("%w: %v past the sender's deadline", errPeerExpired, time.Duration(now-dl)))
+	}
 	results := make([]peerpb.Result, len(ops))
 	out := &peerpb.DecideResponse{Results: make([]*peerpb.Result, len(ops))}
 	for i, o := range ops {
@@ -63,9 +98,38 @@ func (s *peerServer) Decide(ctx context.Context, req *peerpb.DecideRequest) (*pe
 	return out, nil
 }
 
-// Ping answers with this node's ID.
+// Ping answers with this node's ID, or Unavailable while Decide is refused.
 func (s *peerServer) Ping(ctx context.Context, _ *peerpb.PingRequest) (*peerpb.PingResponse, error) {
+	if !s.f.serving() {
+		return nil, peerStatus(errPeerNotServing)
+	}
 	return &peerpb.PingResponse{Id: s.f.self}, nil
+}
+
+// Replicate validates every entry first, so a bad batch merges nothing.
+func (s *peerServer) Replicate(ctx context.Context, req *peerpb.ReplicateRequest) (*peerpb.ReplicateResponse, error) {
+	if s.st == nil {
+		return s.UnimplementedPeerServer.Replicate(ctx, req)
+	}
+	if err := peerValidateEntries(req.GetEntries()); err != nil {
+		return nil, peerStatus(err)
+	}
+	n := s.st.replicate(req.GetFrom(), req.GetEntries())
+	return &peerpb.ReplicateResponse{Merged: uint32(n)}, nil
+}
+
+// Sync validates the request and streams the caller's entries.
+func (s *peerServer) Sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
+	if s.st == nil {
+		return s.UnimplementedPeerServer.Sync(req, stream)
+	}
+	if err := peerValidateSync(req); err != nil {
+		return peerStatus(err)
+	}
+	if err := s.st.sync(req, stream); err != nil {
+		return peerStatus(err)
+	}
+	return nil
 }
 
 // peerOpFromPB converts a validated wire op. The key aliases the request.
@@ -76,6 +140,7 @@ func peerOpFromPB(o *peerpb.Op) bucket.Op {
 			Algorithm: bucket.Algorithm(o.GetAlgorithm()),
 			Requests:  o.GetRequests(),
 			Unit:      o.GetUnitNs(),
+			Burst:     o.GetBurst(),
 		},
 		Hits: o.GetHits(),
 		Mode: bucket.Mode(o.GetMode()),
@@ -120,12 +185,65 @@ func peerValidateOp(op *bucket.Op) error {
 	return op.Limit.Validate()
 }
 
+// peerMaxIDLen bounds a node ID in a SyncRequest.
+const peerMaxIDLen = 256
+
+// peerValidateEntries checks every entry of a Replicate request or Sync
+// chunk.
+func peerValidateEntries(entries []*peerpb.Entry) error {
+	if len(entries) > replMaxEntries {
+		return fmt.Errorf("%w: %d entries, more than %d", errPeerInvalid, len(entries), replMaxEntries)
+	}
+	for i, e := range entries {
+		switch {
+		case e == nil:
+			return fmt.Errorf("%w: entry %d: missing", errPeerInvalid, i)
+		case len(e.GetKey()) == 0:
+			return fmt.Errorf("%w: entry %d: empty key", errPeerInvalid, i)
+		case len(e.GetKey()) > peerMaxKeyLen:
+			return fmt.Errorf("%w: entry %d: key is %d bytes, more than %d", errPeerInvalid, i, len(e.GetKey()), peerMaxKeyLen)
+		case e.GetAlgorithm() > 0xff:
+			return fmt.Errorf("%w: entry %d: unknown algorithm %d", errPeerInvalid, i, e.GetAlgorithm())
+		}
+		lim := bucket.Limit{Algorithm: bucket.Algorithm(e.GetAlgorithm()), Unit: e.GetUnitNs()}
+		if err := lim.Validate(); err != nil {
+			return fmt.Errorf("%w: entry %d: %w", errPeerInvalid, i, err)
+		}
+		if lim.Algorithm == bucket.SlidingWindow && (e.GetCount() > math.MaxUint32 || e.GetPrev() > math.MaxUint32) {
+			return fmt.Errorf("%w: entry %d: sliding window counts above %d", errPeerInvalid, i, uint64(math.MaxUint32))
+		}
+	}
+	return nil
+}
+
+// peerValidateSync checks a Sync request.
+func peerValidateSync(req *peerpb.SyncRequest) error {
+	from := req.GetFrom()
+	switch {
+	case from == "":
+		return fmt.Errorf("%w: sync: empty from", errPeerInvalid)
+	case len(from) > peerMaxIDLen:
+		return fmt.Errorf("%w: sync: from is %d bytes, more than %d", errPeerInvalid, len(from), peerMaxIDLen)
+	case !utf8.ValidString(from):
+		return fmt.Errorf("%w: sync: from is not valid UTF-8", errPeerInvalid)
+	case req.GetReplicas() < 1 || req.GetReplicas() > MaxReplicas:
+		return fmt.Errorf("%w: sync: replicas must be 1 to %d, got %d", errPeerInvalid, MaxReplicas, req.GetReplicas())
+	}
+	return nil
+}
+
 // peerStatus maps the server's errors to gRPC status errors: the one place
 // where the Peer service chooses codes.
 func peerStatus(err error) error {
 	switch {
 	case errors.Is(err, errPeerInvalid):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, errPeerNotServing):
+		return status.Error(codes.Unavailable, err.Error())
+	case errors.Is(err, errPeerExpired):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case status.Code(err) != codes.Unknown:
+		return err // already a status (a failed stream send)
 	case errors.Is(err, context.DeadlineExceeded):
 		return status.Error(codes.DeadlineExceeded, err.Error())
 	case errors.Is(err, context.Canceled):

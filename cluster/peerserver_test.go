@@ -3,6 +3,7 @@ package cluster
 import (
 	"bytes"
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -158,4 +159,83 @@ func TestForwardInvalidOpStaysLocal(t *testing.T) {
 	if n := b.store.count("b/bad"); n != 0 {
 		t.Errorf("owner counted the invalid op")
 	}
+}
+
+// The owner skips a batch read after its sender's deadline (by the owner's
+// clock), and applies one read before it or with no deadline.
+func TestPeerServerDecideDeadline(t *testing.T) {
+	nodes := fwdStartCluster(t, []string{"b"}, nil, nil)
+	b := nodes["b"] // its clock reads 1000
+	client := peerTestClient(t, b)
+	tests := []struct {
+		name     string
+		deadline int64
+		code     codes.Code
+		applied  uint64
+	}{
+		{"passed", b.now - 1, codes.DeadlineExceeded, 0},
+		{"now", b.now, codes.DeadlineExceeded, 0},
+		{"ahead", b.now + 1, codes.OK, 1},
+		{"none", 0, codes.OK, 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			key := "b/deadline-" + tt.name
+			_, err := client.Decide(context.Background(), &peerpb.DecideRequest{From: "test", DeadlineNs: tt.deadline, Ops: []*peerpb.Op{peerValidPB(key)}})
+			if status.Code(err) != tt.code {
+				t.Fatalf("err = %v, want %v", err, tt.code)
+			}
+			if n := b.store.count(key); n != tt.applied {
+				t.Fatalf("applied %d, want %d", n, tt.applied)
+			}
+		})
+	}
+}
+
+// A thawed owner whose clock is past the entry node's deadline applies
+// nothing; the entry node decides locally (it stopped waiting), so the hit
+// is counted once.
+func TestForwardExpiredBatchCountedOnce(t *testing.T) {
+	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, func(c *ForwarderConfig) {
+		if c.Self == "b" {
+			c.Clock = func() int64 { return int64(time.Hour) } // far past a's deadline
+		}
+	})
+	a, b := nodes["a"], nodes["b"]
+	res := make([]bucket.Result, 1)
+	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/late")}, res)
+	if res[0].ResetAfter != a.now {
+		t.Errorf("result %+v, want a local decision", res[0])
+	}
+	if n, m := b.store.count("b/late"), a.store.count("b/late"); n != 0 || m != 1 {
+		t.Errorf("owner counted %d, entry node %d; want 0 and 1", n, m)
+	}
+	if c := fwdReadCounts(t, a.reg); c.timeout != 1 {
+		t.Errorf("fallbacks %+v, want one timeout", c)
+	}
+}
+
+// While a node re-syncs it refuses Decide and Ping with Unavailable and
+// applies nothing; entry nodes fall back and hold it suspect.
+func TestPeerServerRefusesWhileNotServing(t *testing.T) {
+	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
+	a, b := nodes["a"], nodes["b"]
+	b.f.setServing(false)
+	client := peerTestClient(t, b)
+	if _, err := client.Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{peerValidPB("b/x")}}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Decide: %v, want Unavailable", err)
+	}
+	if _, err := client.Ping(context.Background(), &peerpb.PingRequest{}); status.Code(err) != codes.Unavailable {
+		t.Fatalf("Ping: %v, want Unavailable", err)
+	}
+	res := make([]bucket.Result, 1)
+	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/y")}, res)
+	if res[0].ResetAfter != a.now || b.store.numCalls() != 0 {
+		t.Fatalf("result %+v, owner calls %d: want a local decision", res[0], b.store.numCalls())
+	}
+	if got := a.f.Suspects(); !slices.Equal(got, []string{"b"}) {
+		t.Fatalf("suspects %v, want [b]", got)
+	}
+	b.f.setServing(true)
+	fwdWaitFor(t, 5*time.Second, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
 }

@@ -26,8 +26,12 @@ const peerSuspectAfter = 3
 // noteFailure counts a failed or late answer and makes p suspect after
 // peerSuspectAfter of them in a row, or at once when the connection itself
 // is refused or broken (codes.Unavailable): a crashed peer costs one
-// timeout, not three.
+// timeout, not three. Failures during the grace that follows a freeze of
+// this process are ignored (see Forwarder.forgive).
 func (p *peerClient) noteFailure(reason string, err error) {
+	if p.f.mono() < p.f.graceUntil.Load() {
+		return // this process was frozen: the failure is its own
+	}
 	n := p.fails.Add(1)
 	if n >= peerSuspectAfter || status.Code(err) == codes.Unavailable {
 		p.markSuspect(reason, err)

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -255,5 +256,102 @@ func TestForwardOneLateAnswerIsNotSuspicion(t *testing.T) {
 		if s := a.f.Suspects(); len(s) != 0 {
 			t.Fatalf("after %d late answer(s): Suspects() = %v, want none", i, s)
 		}
+	}
+}
+
+// fwdHolderOwners adds Holders to fwdFakeOwners: key "x/..." is held by x,
+// then by the IDs in next[x].
+type fwdHolderOwners struct {
+	*fwdFakeOwners
+	next map[string][]string
+}
+
+func (o fwdHolderOwners) Holder(key []byte, i int) (string, bool, bool) {
+	id, _, _ := o.Owner(key)
+	hs := append([]string{id}, o.next[id]...)
+	if i >= len(hs) {
+		return "", false, false
+	}
+	return hs[i], hs[i] == o.self, true
+}
+
+// Ops for a suspect owner go to its first healthy replica (or are decided
+// locally when that replica is this node), not to the entry node's own
+// counter.
+func TestForwardReroutesToReplica(t *testing.T) {
+	dead := fwdStartFakePeer(t, fwdPeerRefused)
+	nodes := fwdStartCluster(t, []string{"a", "b"}, map[string]string{"c": dead.addr, "d": dead.addr}, func(c *ForwarderConfig) {
+		c.Owners = fwdHolderOwners{c.Owners.(*fwdFakeOwners), map[string][]string{"c": {"b", "a"}, "d": {"a", "b"}}}
+	})
+	a, b := nodes["a"], nodes["b"]
+	res := make([]bucket.Result, 1)
+	// The first op finds c refusing connections: it falls back and c
+	// becomes suspect at once.
+	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("c/k")}, res)
+	fwdWaitFor(t, 5*time.Second, "c suspect", func() bool { return slices.Contains(a.f.Suspects(), "c") })
+	tests := []struct {
+		key     string
+		decider *fwdTestNode
+	}{
+		{"c/k", b}, // c's first replica is b
+		{"d/k", a}, // d's first replica is a itself
+	}
+	for _, tt := range tests {
+		for range 3 {
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(tt.key)}, res)
+			if res[0].ResetAfter != tt.decider.now {
+				t.Fatalf("%s: decided with clock %d, want %s's", tt.key, res[0].ResetAfter, tt.decider.id)
+			}
+		}
+	}
+	if n := b.store.count("c/k"); n != 3 {
+		t.Errorf("replica b counted %d, want 3", n)
+	}
+	if n := a.store.count("d/k"); n != 3 {
+		t.Errorf("a counted %d of d's ops, want 3", n)
+	}
+}
+
+// A call whose deadline has already passed (read late, e.g. after a freeze)
+// is decided locally without reaching the owner or blaming it.
+func TestForwardLateCallStaysLocal(t *testing.T) {
+	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
+	a, b := nodes["a"], nodes["b"]
+	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	res := make([]bucket.Result, 2)
+	for range 5 {
+		a.f.Apply(ctx, a.now, []bucket.Op{fwdOp("b/late1"), fwdOp("b/late2")}, res)
+		if res[0].ResetAfter != a.now || res[1].ResetAfter != a.now {
+			t.Fatalf("results %+v, want local decisions", res)
+		}
+	}
+	if b.store.numCalls() != 0 {
+		t.Errorf("the owner got %d ops", b.store.numCalls())
+	}
+	if s := a.f.Suspects(); len(s) != 0 {
+		t.Errorf("suspects %v after late calls, want none", s)
+	}
+	if c := fwdReadCounts(t, a.reg); c.timeout != 10 {
+		t.Errorf("fallbacks %+v, want 10 timeouts", c)
+	}
+}
+
+// After forgive (this process was frozen) peers are no longer suspect and
+// failures within the grace do not make them suspect again.
+func TestForwardForgive(t *testing.T) {
+	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
+	a := nodes["a"]
+	p := (*a.f.peers.Load())["b"]
+	p.markSuspect("test", nil)
+	a.f.forgive(time.Hour)
+	if s := a.f.Suspects(); len(s) != 0 {
+		t.Fatalf("suspects %v after forgive", s)
+	}
+	for range 2 * peerSuspectAfter {
+		p.noteFailure("timeout", nil)
+	}
+	if s := a.f.Suspects(); len(s) != 0 {
+		t.Fatalf("suspects %v after failures within the grace", s)
 	}
 }

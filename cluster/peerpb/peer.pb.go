@@ -36,7 +36,14 @@ type DecideRequest struct {
 	// from is the sender's node ID (for logs and metrics).
 	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
 	// ops are applied in order. At most 4096 per request.
-	Ops           []*Op `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	Ops []*Op `protobuf:"bytes,2,rep,name=ops,proto3" json:"ops,omitempty"`
+	// deadline_ns is when the sender stops waiting for the answer and
+	// decides the ops itself, as Unix ns on the sender's clock (the earliest
+	// deadline of the batch's callers). The owner answers DEADLINE_EXCEEDED
+	// and applies nothing when its own clock has passed it when it reads the
+	// batch: a node thawed after a freeze must not count ops a second time.
+	// 0 means no deadline.
+	DeadlineNs    int64 `protobuf:"varint,3,opt,name=deadline_ns,json=deadlineNs,proto3" json:"deadline_ns,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -85,6 +92,13 @@ func (x *DecideRequest) GetOps() []*Op {
 	return nil
 }
 
+func (x *DecideRequest) GetDeadlineNs() int64 {
+	if x != nil {
+		return x.DeadlineNs
+	}
+	return 0
+}
+
 // Op mirrors bucket.Op: add hits to the counter named key under a limit.
 type Op struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -99,7 +113,10 @@ type Op struct {
 	// hits to add (0 checks without consuming).
 	Hits uint64 `protobuf:"varint,5,opt,name=hits,proto3" json:"hits,omitempty"`
 	// mode is a bucket.Mode (0 = consume, 1 = stop on over, 2 = peek).
-	Mode          uint32 `protobuf:"varint,6,opt,name=mode,proto3" json:"mode,omitempty"`
+	Mode uint32 `protobuf:"varint,6,opt,name=mode,proto3" json:"mode,omitempty"`
+	// burst is a token bucket's capacity in tokens (bucket.Limit.Burst;
+	// 0 means requests). Other algorithms ignore it.
+	Burst         uint64 `protobuf:"varint,7,opt,name=burst,proto3" json:"burst,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -172,6 +189,13 @@ func (x *Op) GetHits() uint64 {
 func (x *Op) GetMode() uint32 {
 	if x != nil {
 		return x.Mode
+	}
+	return 0
+}
+
+func (x *Op) GetBurst() uint64 {
+	if x != nil {
+		return x.Burst
 	}
 	return 0
 }
@@ -387,21 +411,330 @@ func (x *PingResponse) GetId() string {
 	return ""
 }
 
+// Entry is one counter's replicable state (bucket.State) under its key.
+// Fields its algorithm does not use are zero.
+type Entry struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key names the counter: 1 to 8192 bytes.
+	Key []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	// algorithm is a bucket.Algorithm (0 = fixed window).
+	Algorithm uint32 `protobuf:"varint,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	// window_ns is the start of the window counted in, Unix ns.
+	WindowNs int64 `protobuf:"varint,3,opt,name=window_ns,json=windowNs,proto3" json:"window_ns,omitempty"`
+	// unit_ns is the window length in nanoseconds, > 0.
+	UnitNs int64 `protobuf:"varint,4,opt,name=unit_ns,json=unitNs,proto3" json:"unit_ns,omitempty"`
+	// count is the hits counted in the window (fixed and sliding windows).
+	Count uint64 `protobuf:"varint,5,opt,name=count,proto3" json:"count,omitempty"`
+	// prev is the hits counted in the window before window_ns (sliding
+	// window).
+	Prev uint64 `protobuf:"varint,6,opt,name=prev,proto3" json:"prev,omitempty"`
+	// tat_ns is the theoretical arrival time, Unix ns (token bucket).
+	TatNs         int64 `protobuf:"varint,7,opt,name=tat_ns,json=tatNs,proto3" json:"tat_ns,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Entry) Reset() {
+	*x = Entry{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Entry) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Entry) ProtoMessage() {}
+
+func (x *Entry) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Entry.ProtoReflect.Descriptor instead.
+func (*Entry) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *Entry) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Entry) GetAlgorithm() uint32 {
+	if x != nil {
+		return x.Algorithm
+	}
+	return 0
+}
+
+func (x *Entry) GetWindowNs() int64 {
+	if x != nil {
+		return x.WindowNs
+	}
+	return 0
+}
+
+func (x *Entry) GetUnitNs() int64 {
+	if x != nil {
+		return x.UnitNs
+	}
+	return 0
+}
+
+func (x *Entry) GetCount() uint64 {
+	if x != nil {
+		return x.Count
+	}
+	return 0
+}
+
+func (x *Entry) GetPrev() uint64 {
+	if x != nil {
+		return x.Prev
+	}
+	return 0
+}
+
+func (x *Entry) GetTatNs() int64 {
+	if x != nil {
+		return x.TatNs
+	}
+	return 0
+}
+
+// ReplicateRequest is one batch of counter states from one node.
+type ReplicateRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from is the sender's node ID (for logs and metrics).
+	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// entries to merge. At most 4096 per request.
+	Entries       []*Entry `protobuf:"bytes,2,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateRequest) Reset() {
+	*x = ReplicateRequest{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[7]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateRequest) ProtoMessage() {}
+
+func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[7]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
+func (*ReplicateRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{7}
+}
+
+func (x *ReplicateRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ReplicateRequest) GetEntries() []*Entry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
+// ReplicateResponse answers a ReplicateRequest.
+type ReplicateResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// merged is how many entries changed the receiver's counters.
+	Merged        uint32 `protobuf:"varint,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReplicateResponse) Reset() {
+	*x = ReplicateResponse{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[8]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReplicateResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReplicateResponse) ProtoMessage() {}
+
+func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[8]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
+func (*ReplicateResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{8}
+}
+
+func (x *ReplicateResponse) GetMerged() uint32 {
+	if x != nil {
+		return x.Merged
+	}
+	return 0
+}
+
+// SyncRequest asks a peer for the counters the caller should hold.
+type SyncRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from is the caller's node ID, as it appears on the ring: 1 to 256
+	// bytes of UTF-8.
+	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// replicas is the replication factor: how many distinct successors of a
+	// key hold it (1 to 16).
+	Replicas      uint32 `protobuf:"varint,2,opt,name=replicas,proto3" json:"replicas,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncRequest) Reset() {
+	*x = SyncRequest{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[9]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncRequest) ProtoMessage() {}
+
+func (x *SyncRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[9]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
+func (*SyncRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{9}
+}
+
+func (x *SyncRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *SyncRequest) GetReplicas() uint32 {
+	if x != nil {
+		return x.Replicas
+	}
+	return 0
+}
+
+// SyncResponse is one chunk of a Sync stream.
+type SyncResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// entries to merge, at most 4096 per message.
+	Entries       []*Entry `protobuf:"bytes,1,rep,name=entries,proto3" json:"entries,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SyncResponse) Reset() {
+	*x = SyncResponse{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[10]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SyncResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SyncResponse) ProtoMessage() {}
+
+func (x *SyncResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[10]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
+func (*SyncResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{10}
+}
+
+func (x *SyncResponse) GetEntries() []*Entry {
+	if x != nil {
+		return x.Entries
+	}
+	return nil
+}
+
 var File_cluster_peerpb_peer_proto protoreflect.FileDescriptor
 
 const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x19cluster/peerpb/peer.proto\x12\x11ringlimit.peer.v1\"L\n" +
+	"\x19cluster/peerpb/peer.proto\x12\x11ringlimit.peer.v1\"m\n" +
 	"\rDecideRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12'\n" +
-	"\x03ops\x18\x02 \x03(\v2\x15.ringlimit.peer.v1.OpR\x03ops\"\x91\x01\n" +
+	"\x03ops\x18\x02 \x03(\v2\x15.ringlimit.peer.v1.OpR\x03ops\x12\x1f\n" +
+	"\vdeadline_ns\x18\x03 \x01(\x03R\n" +
+	"deadlineNs\"\xa7\x01\n" +
 	"\x02Op\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1a\n" +
 	"\brequests\x18\x03 \x01(\x04R\brequests\x12\x17\n" +
 	"\aunit_ns\x18\x04 \x01(\x03R\x06unitNs\x12\x12\n" +
 	"\x04hits\x18\x05 \x01(\x04R\x04hits\x12\x12\n" +
-	"\x04mode\x18\x06 \x01(\rR\x04mode\"E\n" +
+	"\x04mode\x18\x06 \x01(\rR\x04mode\x12\x14\n" +
+	"\x05burst\x18\a \x01(\x04R\x05burst\"E\n" +
 	"\x0eDecideResponse\x123\n" +
 	"\aresults\x18\x01 \x03(\v2\x19.ringlimit.peer.v1.ResultR\aresults\"v\n" +
 	"\x06Result\x12\x12\n" +
@@ -412,10 +745,30 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\vPingRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
-	"\x02id\x18\x01 \x01(\tR\x02id2\x9e\x01\n" +
+	"\x02id\x18\x01 \x01(\tR\x02id\"\xae\x01\n" +
+	"\x05Entry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
+	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1b\n" +
+	"\twindow_ns\x18\x03 \x01(\x03R\bwindowNs\x12\x17\n" +
+	"\aunit_ns\x18\x04 \x01(\x03R\x06unitNs\x12\x14\n" +
+	"\x05count\x18\x05 \x01(\x04R\x05count\x12\x12\n" +
+	"\x04prev\x18\x06 \x01(\x04R\x04prev\x12\x15\n" +
+	"\x06tat_ns\x18\a \x01(\x03R\x05tatNs\"Z\n" +
+	"\x10ReplicateRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x122\n" +
+	"\aentries\x18\x02 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries\"+\n" +
+	"\x11ReplicateResponse\x12\x16\n" +
+	"\x06merged\x18\x01 \x01(\rR\x06merged\"=\n" +
+	"\vSyncRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1a\n" +
+	"\breplicas\x18\x02 \x01(\rR\breplicas\"B\n" +
+	"\fSyncResponse\x122\n" +
+	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\xc1\x02\n" +
 	"\x04Peer\x12M\n" +
 	"\x06Decide\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse\x12G\n" +
-	"\x04Ping\x12\x1e.ringlimit.peer.v1.PingRequest\x1a\x1f.ringlimit.peer.v1.PingResponseB/Z-github.com/ringlimit/ringlimit/cluster/peerpbb\x06proto3"
+	"\x04Ping\x12\x1e.ringlimit.peer.v1.PingRequest\x1a\x1f.ringlimit.peer.v1.PingResponse\x12V\n" +
+	"\tReplicate\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse\x12I\n" +
+	"\x04Sync\x12\x1e.ringlimit.peer.v1.SyncRequest\x1a\x1f.ringlimit.peer.v1.SyncResponse0\x01B/Z-github.com/ringlimit/ringlimit/cluster/peerpbb\x06proto3"
 
 var (
 	file_cluster_peerpb_peer_proto_rawDescOnce sync.Once
@@ -429,27 +782,38 @@ func file_cluster_peerpb_peer_proto_rawDescGZIP() []byte {
 	return file_cluster_peerpb_peer_proto_rawDescData
 }
 
-var file_cluster_peerpb_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 6)
+var file_cluster_peerpb_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
 var file_cluster_peerpb_peer_proto_goTypes = []any{
-	(*DecideRequest)(nil),  // 0: ringlimit.peer.v1.DecideRequest
-	(*Op)(nil),             // 1: ringlimit.peer.v1.Op
-	(*DecideResponse)(nil), // 2: ringlimit.peer.v1.DecideResponse
-	(*Result)(nil),         // 3: ringlimit.peer.v1.Result
-	(*PingRequest)(nil),    // 4: ringlimit.peer.v1.PingRequest
-	(*PingResponse)(nil),   // 5: ringlimit.peer.v1.PingResponse
+	(*DecideRequest)(nil),     // 0: ringlimit.peer.v1.DecideRequest
+	(*Op)(nil),                // 1: ringlimit.peer.v1.Op
+	(*DecideResponse)(nil),    // 2: ringlimit.peer.v1.DecideResponse
+	(*Result)(nil),            // 3: ringlimit.peer.v1.Result
+	(*PingRequest)(nil),       // 4: ringlimit.peer.v1.PingRequest
+	(*PingResponse)(nil),      // 5: ringlimit.peer.v1.PingResponse
+	(*Entry)(nil),             // 6: ringlimit.peer.v1.Entry
+	(*ReplicateRequest)(nil),  // 7: ringlimit.peer.v1.ReplicateRequest
+	(*ReplicateResponse)(nil), // 8: ringlimit.peer.v1.ReplicateResponse
+	(*SyncRequest)(nil),       // 9: ringlimit.peer.v1.SyncRequest
+	(*SyncResponse)(nil),      // 10: ringlimit.peer.v1.SyncResponse
 }
 var file_cluster_peerpb_peer_proto_depIdxs = []int32{
-	1, // 0: ringlimit.peer.v1.DecideRequest.ops:type_name -> ringlimit.peer.v1.Op
-	3, // 1: ringlimit.peer.v1.DecideResponse.results:type_name -> ringlimit.peer.v1.Result
-	0, // 2: ringlimit.peer.v1.Peer.Decide:input_type -> ringlimit.peer.v1.DecideRequest
-	4, // 3: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
-	2, // 4: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
-	5, // 5: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
-	4, // [4:6] is the sub-list for method output_type
-	2, // [2:4] is the sub-list for method input_type
-	2, // [2:2] is the sub-list for extension type_name
-	2, // [2:2] is the sub-list for extension extendee
-	0, // [0:2] is the sub-list for field type_name
+	1,  // 0: ringlimit.peer.v1.DecideRequest.ops:type_name -> ringlimit.peer.v1.Op
+	3,  // 1: ringlimit.peer.v1.DecideResponse.results:type_name -> ringlimit.peer.v1.Result
+	6,  // 2: ringlimit.peer.v1.ReplicateRequest.entries:type_name -> ringlimit.peer.v1.Entry
+	6,  // 3: ringlimit.peer.v1.SyncResponse.entries:type_name -> ringlimit.peer.v1.Entry
+	0,  // 4: ringlimit.peer.v1.Peer.Decide:input_type -> ringlimit.peer.v1.DecideRequest
+	4,  // 5: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
+	7,  // 6: ringlimit.peer.v1.Peer.Replicate:input_type -> ringlimit.peer.v1.ReplicateRequest
+	9,  // 7: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
+	2,  // 8: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
+	5,  // 9: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
+	8,  // 10: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
+	10, // 11: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
+	8,  // [8:12] is the sub-list for method output_type
+	4,  // [4:8] is the sub-list for method input_type
+	4,  // [4:4] is the sub-list for extension type_name
+	4,  // [4:4] is the sub-list for extension extendee
+	0,  // [0:4] is the sub-list for field type_name
 }
 
 func init() { file_cluster_peerpb_peer_proto_init() }
@@ -463,7 +827,7 @@ func file_cluster_peerpb_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_peerpb_peer_proto_rawDesc), len(file_cluster_peerpb_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   6,
+			NumMessages:   11,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

@@ -28,8 +28,10 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Decide_FullMethodName = "/ringlimit.peer.v1.Peer/Decide"
-	Peer_Ping_FullMethodName   = "/ringlimit.peer.v1.Peer/Ping"
+	Peer_Decide_FullMethodName    = "/ringlimit.peer.v1.Peer/Decide"
+	Peer_Ping_FullMethodName      = "/ringlimit.peer.v1.Peer/Ping"
+	Peer_Replicate_FullMethodName = "/ringlimit.peer.v1.Peer/Replicate"
+	Peer_Sync_FullMethodName      = "/ringlimit.peer.v1.Peer/Sync"
 )
 
 // PeerClient is the client API for Peer service.
@@ -45,8 +47,25 @@ type PeerClient interface {
 	// applies nothing.
 	Decide(ctx context.Context, in *DecideRequest, opts ...grpc.CallOption) (*DecideResponse, error)
 	// Ping answers as soon as the node can serve Decide. Used to clear the
-	// suspicion on a peer that failed to answer.
+	// suspicion on a peer that failed to answer. A node that refuses Decide
+	// (it is re-syncing its counters) refuses Ping too, with UNAVAILABLE.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
+	// Replicate merges counter states into this node's counters: an owner
+	// sends every change to the key's replicas, and on a ring change or a
+	// graceful leave a node pushes the keys it holds to their new owner and
+	// replicas. Merging keeps, per key, the later window and, for the same
+	// window, the larger count, so it is safe to repeat and to reorder.
+	// States that are expired, or more than one window ahead of the
+	// receiver's clock, are skipped. A batch with any invalid entry fails
+	// with INVALID_ARGUMENT and merges nothing. Served even while the node
+	// re-syncs.
+	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// Sync streams every live counter this node holds whose replica set
+	// (the first `replicas` distinct successors of its key) on this node's
+	// ring plus the caller includes the caller. A new, restarted or thawed
+	// node calls it on every ready peer and merges what it receives before it
+	// declares itself ready. An invalid request fails with INVALID_ARGUMENT.
+	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SyncResponse], error)
 }
 
 type peerClient struct {
@@ -77,6 +96,35 @@ func (c *peerClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.Cal
 	return out, nil
 }
 
+func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReplicateResponse)
+	err := c.cc.Invoke(ctx, Peer_Replicate_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (c *peerClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SyncResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_Sync_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[SyncRequest, SyncResponse]{ClientStream: stream}
+	if err := x.ClientStream.SendMsg(in); err != nil {
+		return nil, err
+	}
+	if err := x.ClientStream.CloseSend(); err != nil {
+		return nil, err
+	}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_SyncClient = grpc.ServerStreamingClient[SyncResponse]
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -90,8 +138,25 @@ type PeerServer interface {
 	// applies nothing.
 	Decide(context.Context, *DecideRequest) (*DecideResponse, error)
 	// Ping answers as soon as the node can serve Decide. Used to clear the
-	// suspicion on a peer that failed to answer.
+	// suspicion on a peer that failed to answer. A node that refuses Decide
+	// (it is re-syncing its counters) refuses Ping too, with UNAVAILABLE.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
+	// Replicate merges counter states into this node's counters: an owner
+	// sends every change to the key's replicas, and on a ring change or a
+	// graceful leave a node pushes the keys it holds to their new owner and
+	// replicas. Merging keeps, per key, the later window and, for the same
+	// window, the larger count, so it is safe to repeat and to reorder.
+	// States that are expired, or more than one window ahead of the
+	// receiver's clock, are skipped. A batch with any invalid entry fails
+	// with INVALID_ARGUMENT and merges nothing. Served even while the node
+	// re-syncs.
+	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// Sync streams every live counter this node holds whose replica set
+	// (the first `replicas` distinct successors of its key) on this node's
+	// ring plus the caller includes the caller. A new, restarted or thawed
+	// node calls it on every ready peer and merges what it receives before it
+	// declares itself ready. An invalid request fails with INVALID_ARGUMENT.
+	Sync(*SyncRequest, grpc.ServerStreamingServer[SyncResponse]) error
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -107,6 +172,12 @@ func (UnimplementedPeerServer) Decide(context.Context, *DecideRequest) (*DecideR
 }
 func (UnimplementedPeerServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ping not implemented")
+}
+func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServer) Sync(*SyncRequest, grpc.ServerStreamingServer[SyncResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method Sync not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -165,6 +236,35 @@ func _Peer_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_Replicate_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReplicateRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Replicate(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Replicate_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Replicate(ctx, req.(*ReplicateRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
+func _Peer_Sync_Handler(srv interface{}, stream grpc.ServerStream) error {
+	m := new(SyncRequest)
+	if err := stream.RecvMsg(m); err != nil {
+		return err
+	}
+	return srv.(PeerServer).Sync(m, &grpc.GenericServerStream[SyncRequest, SyncResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_SyncServer = grpc.ServerStreamingServer[SyncResponse]
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -180,7 +280,17 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 			MethodName: "Ping",
 			Handler:    _Peer_Ping_Handler,
 		},
+		{
+			MethodName: "Replicate",
+			Handler:    _Peer_Replicate_Handler,
+		},
 	},
-	Streams:  []grpc.StreamDesc{},
+	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "Sync",
+			Handler:       _Peer_Sync_Handler,
+			ServerStreams: true,
+		},
+	},
 	Metadata: "cluster/peerpb/peer.proto",
 }

@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"strings"
+	"time"
 
 	sockaddr "github.com/hashicorp/go-sockaddr"
 	"github.com/prometheus/client_golang/prometheus"
@@ -49,7 +50,8 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 			SecretKey:     key,
 			Logger:        log,
 		},
-		Local:      store,
+		Store:      store,
+		Replicas:   c.Replicas,
 		Clock:      clock,
 		Registerer: reg,
 		Logger:     log,
@@ -57,7 +59,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 	if err != nil {
 		return nil, fmt.Errorf("serve: cluster: %w", err)
 	}
-	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join)
+	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas)
 	return &clusterNode{node: n, counter: n, c: c, log: log}, nil
 }
 
@@ -91,12 +93,17 @@ func (n *clusterNode) register(g *grpc.Server)    { n.node.Register(g) }
 func (n *clusterNode) ready() bool                { return n.node.Ready() }
 func (n *clusterNode) debugHandler() http.Handler { return n.node.DebugHandler() }
 
-// drain leaves the cluster gracefully so peers stop forwarding here at once.
+// drain hands this node's counters to their next owners and replicas,
+// then leaves the cluster gracefully so peers stop forwarding here, all
+// within ctx (--shutdown-timeout). The gRPC server keeps answering peers
+// meanwhile: this node stays the owner of its keys until it has left.
 func (n *clusterNode) drain(ctx context.Context) {
-	timeout := n.c.ShutdownTimeout / 2
-	if err := n.node.Leave(timeout); err != nil {
-		n.log.Warn("cluster leave failed", "err", err)
+	start := time.Now()
+	if err := n.node.Drain(ctx); err != nil {
+		n.log.Warn("cluster drain incomplete", "err", err, "took", time.Since(start))
+		return
 	}
+	n.log.Info("cluster drained", "took", time.Since(start))
 }
 
 func (n *clusterNode) close() {

@@ -12,6 +12,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ringlimit/ringlimit/cluster"
 )
 
 // serveConfig is everything `ringlimit serve` is told, after flags and
@@ -44,6 +46,7 @@ type serveConfig struct {
 	AdvertiseAddr string
 	Join          string
 	GossipKeyFile string
+	Replicas      int
 
 	DryRun bool
 }
@@ -133,6 +136,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.AdvertiseAddr, "advertise-addr", "", "host or host:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
 	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
+	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
 }
@@ -212,6 +216,9 @@ func (c *serveConfig) validate() error {
 	}
 	if c.MaxKeys < 0 || c.MaxDescriptors < 1 || c.MaxEntries < 1 || c.MaxValueLen < 1 {
 		errs = append(errs, errors.New("serve: --max-keys must be >= 0 and --max-descriptors, --max-entries, --max-value-len >= 1"))
+	}
+	if c.Replicas < 1 || c.Replicas > cluster.MaxReplicas {
+		errs = append(errs, fmt.Errorf("serve: --replicas: %d is not in [1, %d]", c.Replicas, cluster.MaxReplicas))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("serve: --shutdown-timeout must be > 0"))

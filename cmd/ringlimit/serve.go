@@ -235,7 +235,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	case runErr = <-errc:
 	}
 
-	// Drain: stop answering ready, finish in-flight calls, leave the cluster.
+	// Drain: stop answering ready, hand counters off and leave the cluster,
+	// then finish in-flight calls.
 	stopping.Store(true)
 	hs.Shutdown()
 	deadline, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)

@@ -1,0 +1,212 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// Handoff moves counters to the nodes that hold them after a ring change.
+// After every change the handoff goroutine scans this node's store and
+// pushes each live key whose replica set (its first `replicas` successors)
+// differs between the ring it last handed off for and the current one to
+// every member of the new set but itself. Every node that holds a key does
+// so, which over-sends; Merge is idempotent, so that costs bandwidth only.
+// A graceful leave (Drain) pushes every key to its replica set on the ring
+// without this node.
+
+// handoffLoop runs a handoff after each ring change, coalescing changes
+// that arrive while one runs. It returns when the node closes.
+func (n *Node) handoffLoop() {
+	defer n.wg.Done()
+	last := n.view.Load().ring
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.handoffKick:
+		}
+		cur := n.view.Load().ring
+		if ringSameMembers(last, cur) {
+			last = cur
+			continue
+		}
+		start := time.Now()
+		pushed, err := n.handoff(n.ctx, last, cur)
+		if err != nil && n.ctx.Err() == nil {
+			n.log.Warn("cluster: handoff incomplete", "pushed", pushed, "err", err)
+		} else if pushed > 0 {
+			n.log.Info("cluster: handed off counters after a ring change", "pushed", pushed, "took", time.Since(start))
+		}
+		last = cur
+	}
+}
+
+// handoff pushes every live key whose replica set differs between old and
+// cur to its replica set on cur, minus this node. It returns how many
+// entries reached a peer.
+func (n *Node) handoff(ctx context.Context, old, cur *ring.Ring) (int, error) {
+	p := n.newPusher(ctx, n.rm.handoff.WithLabelValues("ring_change"))
+	var was, is []string
+	n.store.Range(n.clock(), func(key []byte, st bucket.State) bool {
+		was = old.Successors(key, n.replicas, was[:0])
+		is = cur.Successors(key, n.replicas, is[:0])
+		if sameSet(was, is) {
+			return true
+		}
+		for _, d := range is {
+			if d != n.self {
+				p.add(d, key, st)
+			}
+		}
+		return ctx.Err() == nil
+	})
+	return p.flush()
+}
+
+// Drain hands this node's counters off before it leaves: it stops counting
+// itself as a replica target, pushes every live key to its replica set on
+// the ring without this node, announces a graceful leave, and finally
+// ships the writes it made meanwhile (it keeps answering for its keys until
+// the others have seen it leave). The node is no longer Ready once Drain
+// starts. ctx bounds the whole drain; the leave gets at least half of what
+// remains after the push. Close must still be called.
+func (n *Node) Drain(ctx context.Context) error {
+	// A leaving owner keeps answering for its keys until the others have
+	// seen it leave (unless it is re-syncing after a freeze).
+	n.draining.Store(true)
+	n.rebuild()
+	start := time.Now()
+	targets := n.view.Load().targets
+	p := n.newPusher(ctx, n.rm.handoff.WithLabelValues("drain"))
+	var dst []string
+	n.store.Range(n.clock(), func(key []byte, st bucket.State) bool {
+		dst = targets.Successors(key, n.replicas, dst[:0])
+		for _, d := range dst {
+			if d != n.self {
+				p.add(d, key, st)
+			}
+		}
+		return ctx.Err() == nil
+	})
+	pushed, pushErr := p.flush()
+	n.log.Info("cluster: drain: handed off counters", "pushed", pushed, "took", time.Since(start), "err", pushErr)
+
+	leave := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		leave = max(time.Until(dl)/2, time.Millisecond)
+	}
+	leaveErr := n.m.Leave(leave)
+	var flushErr error
+	if n.repl != nil {
+		flushErr = n.repl.flush(ctx)
+	}
+	return errors.Join(pushErr, leaveErr, flushErr)
+}
+
+// pusher sends entries to several peers in full batches, synchronously, as
+// they are added. A peer that fails once is skipped for the rest of the
+// push. Not safe for concurrent use.
+type pusher struct {
+	n       *Node
+	ctx     context.Context
+	count   prometheus.Counter
+	batches map[string]*replBatch
+	failed  map[string]error
+	pushed  int
+}
+
+func (n *Node) newPusher(ctx context.Context, count prometheus.Counter) *pusher {
+	return &pusher{n: n, ctx: ctx, count: count, batches: map[string]*replBatch{}, failed: map[string]error{}}
+}
+
+// add queues a copy of (key, st) for peer d, sending d's batch when full.
+func (p *pusher) add(d string, key []byte, st bucket.State) {
+	if p.failed[d] != nil {
+		return
+	}
+	b := p.batches[d]
+	if b == nil {
+		b = &replBatch{}
+		p.batches[d] = b
+	}
+	b.add(key, st)
+	if b.full() {
+		p.send(d, b)
+	}
+}
+
+func (p *pusher) send(d string, b *replBatch) {
+	c := p.n.fwd.peerRPC(d)
+	if c == nil {
+		b.reset()
+		p.failed[d] = errReplNoClient
+		return
+	}
+	if err := b.send(p.ctx, c, p.n.self); err != nil {
+		p.failed[d] = err
+		return
+	}
+	p.pushed += b.sent
+	p.count.Add(float64(b.sent))
+}
+
+// flush sends what is left and reports the entries pushed and the peers
+// that failed.
+func (p *pusher) flush() (int, error) {
+	for d, b := range p.batches {
+		if b.len() > 0 && p.failed[d] == nil {
+			p.send(d, b)
+		}
+	}
+	var errs []error
+	for d, err := range p.failed {
+		errs = append(errs, fmt.Errorf("peer %s: %w", d, err))
+	}
+	return p.pushed, errors.Join(errs...)
+}
+
+// sameSet reports whether a and b hold the same IDs (they are short and
+// have no duplicates).
+func sameSet(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for _, x := range a {
+		found := false
+		for _, y := range b {
+			if x == y {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+	return true
+}
+
+// ringSameMembers reports whether two rings place keys identically: rings
+// built with one Config from the same members do.
+func ringSameMembers(a, b *ring.Ring) bool {
+	if a == b {
+		return true
+	}
+	if a.Len() != b.Len() {
+		return false
+	}
+	am, bm := a.Members(), b.Members()
+	for i := range am {
+		if am[i] != bm[i] {
+			return false
+		}
+	}
+	return true
+}

@@ -1,0 +1,147 @@
+package cluster
+
+import (
+	"time"
+)
+
+// Readiness. A node starts not ready: it gossips Ready=false, it is in
+// nobody's ring (its own included), and its peer server refuses Decide.
+// Once it has joined it syncs from its peers, then answers Decide again,
+// gossips Ready=true and puts itself in its own ring. A node that finds it
+// was frozen (a gap between two ticks of its pause detector) refuses Decide
+// at once, leaves the rings the same way and re-syncs before it is ready
+// again: it must not answer from counters the others moved past while it
+// was stopped.
+
+// pauseGrace is how long after a detected pause failures of peers are not
+// held against them: calls that waited through the freeze time out as it
+// ends.
+const pauseGrace = time.Second
+
+// lifecycle waits for the join, syncs and goes ready, then re-syncs after
+// every detected pause. It returns when the node closes.
+func (n *Node) lifecycle() {
+	defer n.wg.Done()
+	t := time.NewTicker(20 * time.Millisecond)
+	for !n.m.Joined() {
+		select {
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+	t.Stop()
+	n.resync("joined")
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-n.resyncKick:
+		}
+		n.resync("pause")
+	}
+}
+
+// resync leaves the rings, syncs from the peers and goes ready again.
+func (n *Node) resync(why string) {
+	if n.draining.Load() {
+		return
+	}
+	n.setReady(false)
+	start := time.Now()
+	got, err := n.syncFromPeers(n.ctx)
+	if n.ctx.Err() != nil {
+		return
+	}
+	took := time.Since(start)
+	n.rm.syncDur.Observe(took.Seconds())
+	if err != nil {
+		n.rm.syncs.WithLabelValues("partial").Inc()
+		n.log.Warn("cluster: sync incomplete; going ready with what arrived", "why", why, "entries", got, "took", took, "err", err)
+	} else {
+		n.rm.syncs.WithLabelValues("ok").Inc()
+		n.log.Info("cluster: synced counters from peers", "why", why, "entries", got, "took", took)
+	}
+	n.setReady(true)
+}
+
+// setReady changes this node's readiness. Going down it first stops
+// answering Decide and leaves its own ring, then gossips; going up it first
+// answers Decide and gossips (waiting a bounded time for the broadcast), so
+// that the others have it in their rings about when it puts itself in its
+// own.
+func (n *Node) setReady(ready bool) {
+	if ready && n.draining.Load() {
+		return
+	}
+	if !ready {
+		n.fwd.setServing(false)
+		n.ready.Store(false)
+		n.rm.ready.Set(0)
+		n.rebuild()
+	} else {
+		n.fwd.setServing(true)
+	}
+	if err := n.m.SetReady(ready); err != nil {
+		n.log.Debug("cluster: gossiping readiness", "ready", ready, "err", err)
+	}
+	if ready {
+		n.ready.Store(true)
+		n.rm.ready.Set(1)
+		n.rebuild()
+	}
+}
+
+// pauseLoop ticks every pauseThreshold/10 and reports a pause when two
+// ticks are more than pauseThreshold apart on the monotonic clock, which
+// keeps running while the process is stopped. It returns when the node
+// closes.
+func (n *Node) pauseLoop() {
+	defer n.wg.Done()
+	t := time.NewTicker(max(n.pauseThreshold/10, time.Millisecond))
+	defer t.Stop()
+	for {
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-t.C:
+		}
+		now := n.mono()
+		if gap := now - time.Duration(n.lastTick.Swap(int64(now))); gap > n.pauseThreshold {
+			n.paused(gap)
+		}
+	}
+}
+
+// stalled reports a pause the ticker has not noticed yet: a Decide batch
+// read right after a thaw can run before the ticker's goroutine does, and
+// must not be answered from stale counters. Whoever sees the gap first
+// reports it, once.
+func (n *Node) stalled() bool {
+	if n.pauseThreshold <= 0 {
+		return false
+	}
+	prev := n.lastTick.Load()
+	now := int64(n.mono())
+	if gap := time.Duration(now - prev); gap > n.pauseThreshold && n.lastTick.CompareAndSwap(prev, now) {
+		n.paused(gap)
+		return true
+	}
+	return false
+}
+
+// paused refuses Decide at once and has the lifecycle re-sync.
+func (n *Node) paused(gap time.Duration) {
+	n.rm.pauses.Inc()
+	n.log.Warn("cluster: this process was paused; re-syncing counters before answering again", "gap", gap)
+	if n.draining.Load() {
+		return
+	}
+	n.fwd.setServing(false)
+	n.fwd.forgive(pauseGrace)
+	select {
+	case n.resyncKick <- struct{}{}:
+	default:
+	}
+}

@@ -1,0 +1,535 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// Defaults and bounds of replication.
+const (
+	// DefaultReplicas is how many distinct nodes hold each key by default:
+	// its owner and one replica.
+	DefaultReplicas = 2
+	// MaxReplicas bounds NodeConfig.Replicas and SyncRequest.replicas.
+	MaxReplicas = 16
+	// DefaultReplicateInterval is how often recorded writes are sent to
+	// the replicas by default: the most an owner crash can lose.
+	DefaultReplicateInterval = 5 * time.Millisecond
+)
+
+const (
+	// replMaxPending bounds the distinct keys waiting for one destination;
+	// beyond it new keys are dropped (and counted).
+	replMaxPending = 1 << 17
+	// replRPCTimeout bounds one Replicate RPC.
+	replRPCTimeout = time.Second
+	// replRetryMin and replRetryMax bound the backoff before entries that
+	// failed to reach a destination are sent again.
+	replRetryMin = 50 * time.Millisecond
+	replRetryMax = 2 * time.Second
+	// replLogEvery rate-limits the log line about dropped entries.
+	replLogEvery = 10 * time.Second
+)
+
+// errReplNoClient fails a send to a destination the forwarder has no
+// connection to (it is not, or no longer, a peer).
+var errReplNoClient = errors.New("cluster: replicate: no connection to peer")
+
+// replicator is the goroutine that ships the writes recorded in its log to
+// each key's replicas: every interval it takes the log's buffers, groups the
+// records by destination (the key's first `replicas` successors on the
+// targets ring, minus this node), coalesces them per key to the latest
+// state, and sends one Replicate RPC per destination. Each destination has
+// at most one send in flight; what accumulates meanwhile, or what a failed
+// send gives back, waits in the destination's bounded backlog and is sent
+// again with backoff until the destination leaves the ring. Nothing here
+// ever blocks the hit path. close stops and joins every goroutine.
+type replicator struct {
+	self     string
+	replicas int
+	log      *replLog
+	interval time.Duration
+	targets  func() *ring.Ring                 // the ring that places replicas now
+	client   func(id string) peerpb.PeerClient // nil: no connection
+	m        *replMetrics
+	logger   *slog.Logger
+
+	// Owned by the loop goroutine.
+	spare     [replStripes]replBuf
+	out       map[string]*replOutbox
+	dsts      []string
+	lastRing  *ring.Ring
+	members   map[string]bool
+	lastLog   time.Time
+	logDrops  [replDropReasons]uint64 // drops since the last log line
+	seenDrops uint64                  // log.dropped already accounted
+
+	results  chan replResult
+	flushReq chan chan struct{}
+	ctx      context.Context
+	cancel   context.CancelFunc
+	wg       sync.WaitGroup
+	once     sync.Once
+}
+
+// replOutbox is what waits for one destination.
+type replOutbox struct {
+	pending  map[string]bucket.State
+	spare    map[string]bucket.State // an empty map to swap in at the next send
+	inflight bool
+	fails    int
+	retryAt  time.Time
+}
+
+// replResult reports one finished send to the loop. entries is the map
+// that was sent: emptied after a success, untouched after a failure.
+type replResult struct {
+	dest    string
+	entries map[string]bucket.State
+	sent    int
+	err     error
+}
+
+// Reasons a recorded write is dropped before it reaches a replica.
+const (
+	replDropQueueFull   = iota // the log's stripe was full
+	replDropBacklogFull        // the destination's backlog was full
+	replDropGone               // the destination left the ring first
+	replDropReasons
+)
+
+var replDropNames = [replDropReasons]string{"queue_full", "backlog_full", "gone"}
+
+// replMetrics are a Node's replication, handoff and sync metrics.
+type replMetrics struct {
+	sent       prometheus.Counter
+	rpcErrors  prometheus.Counter
+	dropped    *prometheus.CounterVec
+	drop       [replDropReasons]prometheus.Counter
+	received   prometheus.Counter
+	merged     prometheus.Counter
+	handoff    *prometheus.CounterVec
+	syncs      *prometheus.CounterVec
+	syncDur    prometheus.Histogram
+	syncMerged prometheus.Counter
+	pauses     prometheus.Counter
+	ready      prometheus.Gauge
+}
+
+func newReplMetrics() *replMetrics {
+	m := &replMetrics{
+		sent: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_replication_sent_entries_total",
+			Help: "Counter states this node's replicas acknowledged (after coalescing per key).",
+		}),
+		rpcErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_replication_rpc_errors_total",
+			Help: "Replicate RPCs to replicas that failed; their entries are retried with backoff.",
+		}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_replication_dropped_total",
+			Help: "Recorded writes that never reached a replica, by reason (queue_full, backlog_full, gone).",
+		}, []string{"reason"}),
+		received: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_replication_received_entries_total",
+			Help: "Counter states received from peers (replication, handoff and sync).",
+		}),
+		merged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_replication_merged_entries_total",
+			Help: "Received counter states that changed this node's counters.",
+		}),
+		handoff: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_handoff_entries_total",
+			Help: "Counter states pushed to their new owner and replicas, by cause (ring_change, drain).",
+		}, []string{"cause"}),
+		syncs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "ringlimit_syncs_total",
+			Help: "Syncs of this node's counters from its peers before it became ready, by result (ok, partial).",
+		}, []string{"result"}),
+		syncDur: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "ringlimit_sync_duration_seconds",
+			Help:    "How long a sync from the peers took.",
+			Buckets: prometheus.ExponentialBucketsRange(1e-3, 10, 9),
+		}),
+		syncMerged: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_sync_entries_total",
+			Help: "Counter states received by syncs.",
+		}),
+		pauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_pauses_detected_total",
+			Help: "Times this process found it had been frozen (SIGSTOP, VM pause) and re-synced.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_node_ready",
+			Help: "1 when this node has synced its counters and is a ring member, else 0.",
+		}),
+	}
+	for i, name := range replDropNames {
+		m.drop[i] = m.dropped.WithLabelValues(name)
+	}
+	return m
+}
+
+func (m *replMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.sent, m.rpcErrors, m.dropped, m.received, m.merged, m.handoff,
+		m.syncs, m.syncDur, m.syncMerged, m.pauses, m.ready}
+}
+
+// start launches the loop. The zero-valued fields are filled first.
+func (r *replicator) start() {
+	r.out = make(map[string]*replOutbox)
+	r.results = make(chan replResult)
+	r.flushReq = make(chan chan struct{})
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.lastLog = time.Now()
+	r.wg.Add(1)
+	go r.loop()
+}
+
+// close stops the loop and cancels and joins the sends in flight; what is
+// still recorded or pending is dropped. Idempotent.
+func (r *replicator) close() {
+	r.once.Do(func() {
+		r.cancel()
+		r.wg.Wait()
+	})
+}
+
+// flush sends everything recorded so far to every destination at once,
+// ignoring backoff, and waits until those sends finished or ctx ended.
+func (r *replicator) flush(ctx context.Context) error {
+	done := make(chan struct{})
+	select {
+	case r.flushReq <- done:
+	case <-r.ctx.Done():
+		return errors.New("cluster: replicate: closed")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (r *replicator) loop() {
+	defer r.wg.Done()
+	t := time.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.ctx.Done():
+			return
+		case <-t.C:
+			r.cycle(false)
+		case res := <-r.results:
+			r.finished(res)
+		case done := <-r.flushReq:
+			r.cycle(true)
+			r.drainInflight()
+			close(done)
+		}
+	}
+}
+
+// drainInflight handles results until no send is in flight.
+func (r *replicator) drainInflight() {
+	for {
+		busy := false
+		for _, ob := range r.out {
+			busy = busy || ob.inflight
+		}
+		if !busy {
+			return
+		}
+		select {
+		case res := <-r.results:
+			r.finished(res)
+		case <-r.ctx.Done():
+			return
+		}
+	}
+}
+
+// cycle moves the recorded writes into the destinations' backlogs and
+// starts a send for every idle destination with something to send (force:
+// even one waiting out a backoff).
+func (r *replicator) cycle(force bool) {
+	rg := r.targets()
+	if rg != r.lastRing {
+		r.lastRing = rg
+		r.members = make(map[string]bool, rg.Len())
+		for _, id := range rg.Members() {
+			r.members[id] = true
+		}
+	}
+	for i := range r.spare {
+		b := &r.spare[i]
+		r.log.swap(i, b)
+		for j := range b.recs {
+			rec := &b.recs[j]
+			key := b.key(rec)
+			r.dsts = rg.Successors(key, r.replicas, r.dsts[:0])
+			for _, d := range r.dsts {
+				if d != r.self {
+					r.add(d, key, rec.st)
+				}
+			}
+		}
+		b.reset()
+	}
+	if d := r.log.dropped.Load(); d != r.seenDrops {
+		r.m.drop[replDropQueueFull].Add(float64(d - r.seenDrops))
+		r.logDrops[replDropQueueFull] += d - r.seenDrops
+		r.seenDrops = d
+	}
+	now := time.Now()
+	for d, ob := range r.out {
+		switch {
+		case ob.inflight:
+		case !r.members[d]:
+			r.dropCount(replDropGone, len(ob.pending))
+			delete(r.out, d)
+		case len(ob.pending) > 0 && (force || !now.Before(ob.retryAt)):
+			r.launch(d, ob)
+		}
+	}
+	r.maybeLog(now)
+}
+
+// add coalesces (key, st) into d's backlog.
+func (r *replicator) add(d string, key []byte, st bucket.State) {
+	ob := r.out[d]
+	if ob == nil {
+		ob = &replOutbox{pending: make(map[string]bucket.State)}
+		r.out[d] = ob
+	}
+	if cur, ok := ob.pending[string(key)]; ok {
+		ob.pending[string(key)] = bucket.MaxState(cur, st)
+		return
+	}
+	if len(ob.pending) >= replMaxPending {
+		r.dropCount(replDropBacklogFull, 1)
+		return
+	}
+	ob.pending[string(key)] = st
+}
+
+func (r *replicator) dropCount(reason, n int) {
+	if n == 0 {
+		return
+	}
+	r.m.drop[reason].Add(float64(n))
+	r.logDrops[reason] += uint64(n)
+}
+
+// maybeLog reports drops at most once per replLogEvery.
+func (r *replicator) maybeLog(now time.Time) {
+	if now.Sub(r.lastLog) < replLogEvery {
+		return
+	}
+	var total uint64
+	attrs := make([]any, 0, 2*replDropReasons)
+	for i, n := range r.logDrops {
+		total += n
+		if n > 0 {
+			attrs = append(attrs, replDropNames[i], n)
+		}
+	}
+	if total == 0 {
+		return
+	}
+	r.lastLog = now
+	r.logDrops = [replDropReasons]uint64{}
+	r.logger.Warn("cluster: replication dropped writes (replicas may lag until the keys are written again)", attrs...)
+}
+
+// launch starts sending d's backlog.
+func (r *replicator) launch(d string, ob *replOutbox) {
+	entries := ob.pending
+	if ob.spare != nil {
+		ob.pending, ob.spare = ob.spare, nil
+	} else {
+		ob.pending = make(map[string]bucket.State)
+	}
+	ob.inflight = true
+	r.wg.Add(1)
+	go r.send(d, entries)
+}
+
+// finished takes a send's result back into its destination's outbox.
+func (r *replicator) finished(res replResult) {
+	ob := r.out[res.dest]
+	if ob == nil { // not reached: outboxes in flight are never deleted
+		return
+	}
+	ob.inflight = false
+	if res.err == nil {
+		ob.fails = 0
+		r.m.sent.Add(float64(res.sent))
+		clear(res.entries)
+		ob.spare = res.entries
+		return
+	}
+	r.m.rpcErrors.Inc()
+	ob.fails++
+	backoff := min(replRetryMax, replRetryMin<<min(ob.fails-1, 10))
+	ob.retryAt = time.Now().Add(backoff)
+	if ob.fails == 1 || ob.fails%20 == 0 {
+		r.logger.Debug("cluster: replicate failed; retrying", "peer", res.dest, "fails", ob.fails, "err", res.err)
+	}
+	// Newer states recorded meanwhile win over the ones given back. Expired
+	// ones are sent again too: the receiver drops them.
+	for k, st := range res.entries {
+		if cur, ok := ob.pending[k]; ok {
+			ob.pending[k] = bucket.MaxState(cur, st)
+		} else if len(ob.pending) < replMaxPending {
+			ob.pending[k] = st
+		} else {
+			r.dropCount(replDropBacklogFull, 1)
+		}
+	}
+}
+
+// send ships entries to dest in batches and reports to the loop.
+func (r *replicator) send(dest string, entries map[string]bucket.State) {
+	defer r.wg.Done()
+	res := replResult{dest: dest, entries: entries}
+	c := r.client(dest)
+	if c == nil {
+		res.err = errReplNoClient
+	} else {
+		var b replBatch
+		for k, st := range entries {
+			b.add([]byte(k), st)
+			if b.full() {
+				if res.err = b.send(r.ctx, c, r.self); res.err != nil {
+					break
+				}
+				res.sent += b.sent
+			}
+		}
+		if res.err == nil && b.len() > 0 {
+			res.err = b.send(r.ctx, c, r.self)
+			res.sent += b.sent
+		}
+	}
+	select {
+	case r.results <- res:
+	case <-r.ctx.Done():
+	}
+}
+
+// Bounds of one Replicate or Sync message: far below gRPC's 4 MiB default.
+const (
+	replMaxEntries = 4096
+	replMaxBytes   = 1 << 20
+)
+
+// replBatch builds ReplicateRequests (and Sync chunks) of at most
+// replMaxEntries entries and replMaxBytes of keys. It owns copies of the
+// keys it is given. Not safe for concurrent use.
+type replBatch struct {
+	ents  []peerpb.Entry
+	ptrs  []*peerpb.Entry
+	bytes int
+	sent  int // entries acknowledged by the last send
+}
+
+// add appends a copy of (key, st).
+func (b *replBatch) add(key []byte, st bucket.State) {
+	if len(b.ents) == cap(b.ents) {
+		b.grow()
+	}
+	b.ents = b.ents[:len(b.ents)+1]
+	e := &b.ents[len(b.ents)-1]
+	e.Key = append(e.Key[:0], key...)
+	e.Algorithm = uint32(st.Algorithm)
+	e.WindowNs = st.Window
+	e.UnitNs = st.Unit
+	e.Count = st.Count
+	e.Prev = st.Prev
+	e.TatNs = st.TAT
+	b.bytes += len(key)
+}
+
+// grow reallocates ents; ptrs are rebuilt by entries.
+func (b *replBatch) grow() {
+	n := max(64, 2*cap(b.ents))
+	if n > replMaxEntries {
+		n = replMaxEntries
+	}
+	next := make([]peerpb.Entry, len(b.ents), n)
+	for i := range b.ents {
+		next[i].Key = b.ents[i].Key
+		next[i].Algorithm = b.ents[i].Algorithm
+		next[i].WindowNs = b.ents[i].WindowNs
+		next[i].UnitNs = b.ents[i].UnitNs
+		next[i].Count = b.ents[i].Count
+		next[i].Prev = b.ents[i].Prev
+		next[i].TatNs = b.ents[i].TatNs
+	}
+	b.ents = next
+}
+
+func (b *replBatch) len() int { return len(b.ents) }
+
+// full reports that the batch should be sent before anything is added.
+func (b *replBatch) full() bool {
+	return len(b.ents) >= replMaxEntries || b.bytes >= replMaxBytes-peerMaxKeyLen
+}
+
+// entries returns the batch as message entries, valid until the next reset.
+func (b *replBatch) entries() []*peerpb.Entry {
+	b.ptrs = b.ptrs[:0]
+	for i := range b.ents {
+		b.ptrs = append(b.ptrs, &b.ents[i])
+	}
+	return b.ptrs
+}
+
+// reset empties the batch, keeping its buffers.
+func (b *replBatch) reset() {
+	b.ents = b.ents[:0]
+	b.bytes = 0
+}
+
+// send sends the batch as one Replicate RPC (bounded by replRPCTimeout)
+// and empties it.
+func (b *replBatch) send(ctx context.Context, c peerpb.PeerClient, from string) error {
+	n := b.len()
+	ctx, cancel := context.WithTimeout(ctx, replRPCTimeout)
+	defer cancel()
+	_, err := c.Replicate(ctx, &peerpb.ReplicateRequest{From: from, Entries: b.entries()})
+	b.reset()
+	if err != nil {
+		b.sent = 0
+		return fmt.Errorf("cluster: replicate %d entries: %w", n, err)
+	}
+	b.sent = n
+	return nil
+}
+
+// stateFromPB converts a validated wire entry.
+func stateFromPB(e *peerpb.Entry) bucket.State {
+	return bucket.State{
+		Algorithm: bucket.Algorithm(e.GetAlgorithm()),
+		Window:    e.GetWindowNs(),
+		Unit:      e.GetUnitNs(),
+		Count:     e.GetCount(),
+		Prev:      e.GetPrev(),
+		TAT:       e.GetTatNs(),
+	}
+}

@@ -1,0 +1,393 @@
+package cluster
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/ring"
+)
+
+// replHour is the start of the current hour window (Unix ns).
+func replHour() int64 {
+	now := time.Now().UnixNano()
+	return now - now%int64(time.Hour)
+}
+
+func replEntry(key string, count uint64) *peerpb.Entry {
+	return &peerpb.Entry{Key: []byte(key), WindowNs: replHour(), UnitNs: int64(time.Hour), Count: count}
+}
+
+// replDial returns a Peer client of the node n.
+func replDial(t *testing.T, n *nodeTestNode) peerpb.PeerClient {
+	t.Helper()
+	conn, err := grpc.NewClient(n.node.selfAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return peerpb.NewPeerClient(conn)
+}
+
+// Replicate merges a valid batch (never lowering a count) and refuses an
+// invalid one as a whole with InvalidArgument, merging nothing.
+func TestReplicateValidation(t *testing.T) {
+	t.Parallel()
+	a := nodeStart(t, "a", nil, nil)
+	nodeWaitRing(t, []*nodeTestNode{a}, []*nodeTestNode{a})
+	client := replDial(t, a)
+	ctx := context.Background()
+
+	resp, err := client.Replicate(ctx, &peerpb.ReplicateRequest{From: "b", Entries: []*peerpb.Entry{replEntry("k1", 7), replEntry("k2", 3)}})
+	if err != nil || resp.GetMerged() != 2 || nodeCount(a, "k1") != 7 || nodeCount(a, "k2") != 3 {
+		t.Fatalf("valid batch: %v, %v; counts %d %d", resp, err, nodeCount(a, "k1"), nodeCount(a, "k2"))
+	}
+	resp, err = client.Replicate(ctx, &peerpb.ReplicateRequest{Entries: []*peerpb.Entry{replEntry("k1", 5)}})
+	if err != nil || resp.GetMerged() != 0 || nodeCount(a, "k1") != 7 {
+		t.Fatalf("lower count: %v, %v; k1 = %d, want 7 kept", resp, err, nodeCount(a, "k1"))
+	}
+
+	// Every algorithm's whole state is merged.
+	w := replHour()
+	for _, st := range []bucket.State{
+		{Algorithm: bucket.SlidingWindow, Window: w, Unit: int64(time.Hour), Count: 3, Prev: 9},
+		{Algorithm: bucket.TokenBucket, Unit: int64(time.Hour), TAT: time.Now().UnixNano() + int64(time.Minute)},
+	} {
+		key := "algo-" + st.Algorithm.String()
+		e := &peerpb.Entry{Key: []byte(key), Algorithm: uint32(st.Algorithm), WindowNs: st.Window, UnitNs: st.Unit, Count: st.Count, Prev: st.Prev, TatNs: st.TAT}
+		if _, err := client.Replicate(ctx, &peerpb.ReplicateRequest{Entries: []*peerpb.Entry{e}}); err != nil {
+			t.Fatal(err)
+		}
+		if got, ok := a.store.Get(time.Now().UnixNano(), []byte(key)); !ok || got != st {
+			t.Errorf("%v: stored %+v %v, want %+v", st.Algorithm, got, ok, st)
+		}
+	}
+
+	edit := func(f func(e *peerpb.Entry)) *peerpb.Entry {
+		e := replEntry("bad", 1)
+		f(e)
+		return e
+	}
+	tooMany := make([]*peerpb.Entry, replMaxEntries+1)
+	for i := range tooMany {
+		tooMany[i] = replEntry("many", 1)
+	}
+	tests := []struct {
+		name    string
+		entries []*peerpb.Entry
+	}{
+		{"nil entry", []*peerpb.Entry{replEntry("ok", 1), nil}},
+		{"empty key", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Key = nil })}},
+		{"key too long", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Key = bytes.Repeat([]byte{'k'}, peerMaxKeyLen+1) })}},
+		{"zero unit", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.UnitNs = 0 })}},
+		{"negative unit", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.UnitNs = -1 })}},
+		{"unknown algorithm", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = 17 })}},
+		{"algorithm wrapping to a known one", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = 256 })}},
+		{"sliding count too large", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = uint32(bucket.SlidingWindow); e.Count = 1 << 32 })}},
+		{"sliding prev too large", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = uint32(bucket.SlidingWindow); e.Prev = 1 << 32 })}},
+		{"too many entries", tooMany},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := client.Replicate(ctx, &peerpb.ReplicateRequest{From: "b", Entries: tt.entries})
+			if status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("err = %v, want InvalidArgument", err)
+			}
+			if nodeCount(a, "ok") != 0 || nodeCount(a, "many") != 0 {
+				t.Fatal("a refused batch merged entries")
+			}
+		})
+	}
+}
+
+// Sync refuses a bad request with InvalidArgument and changes nothing; a
+// good one streams exactly the caller's keys.
+func TestSyncValidationAndFilter(t *testing.T) {
+	t.Parallel()
+	a := nodeStart(t, "a", nil, nil)
+	nodeWaitRing(t, []*nodeTestNode{a}, []*nodeTestNode{a})
+	client := replDial(t, a)
+	ctx := context.Background()
+	const keys = 200
+	for k := range keys {
+		nodeHit(t, a, fmt.Sprintf("sync-%d", k), 1)
+	}
+	before := a.store.Len()
+
+	recv := func(req *peerpb.SyncRequest) ([]*peerpb.Entry, error) {
+		stream, err := client.Sync(ctx, req)
+		if err != nil {
+			return nil, err
+		}
+		var out []*peerpb.Entry
+		for {
+			resp, err := stream.Recv()
+			if errors.Is(err, io.EOF) {
+				return out, nil
+			}
+			if err != nil {
+				return out, err
+			}
+			out = append(out, resp.GetEntries()...)
+		}
+	}
+	bad := []struct {
+		name string
+		req  *peerpb.SyncRequest
+	}{
+		{"empty from", &peerpb.SyncRequest{Replicas: 2}},
+		{"from too long", &peerpb.SyncRequest{From: strings.Repeat("n", peerMaxIDLen+1), Replicas: 2}},
+		{"zero replicas", &peerpb.SyncRequest{From: "b"}},
+		{"too many replicas", &peerpb.SyncRequest{From: "b", Replicas: MaxReplicas + 1}},
+	}
+	for _, tt := range bad {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := recv(tt.req); status.Code(err) != codes.InvalidArgument {
+				t.Fatalf("err = %v, want InvalidArgument", err)
+			}
+			if a.store.Len() != before {
+				t.Fatal("a refused sync changed the store")
+			}
+		})
+	}
+
+	// gRPC's codec refuses to send a non-UTF-8 string; the server checks
+	// anyway.
+	if err := peerValidateSync(&peerpb.SyncRequest{From: "\xff", Replicas: 2}); err == nil {
+		t.Error("non-UTF-8 from accepted")
+	}
+
+	r, err := ring.New([]string{"a", "b"}, ring.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, reps := range []uint32{1, 2} {
+		got, err := recv(&peerpb.SyncRequest{From: "b", Replicas: reps})
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := 0
+		a.store.Range(time.Now().UnixNano(), func(key []byte, _ bucket.State) bool {
+			if slices.Contains(r.Successors(key, int(reps), nil), "b") {
+				want++
+			}
+			return true
+		})
+		if len(got) != want || (reps == 2 && want != a.store.Len()) {
+			t.Errorf("replicas %d: %d entries, want %d of %d", reps, len(got), want, a.store.Len())
+		}
+		for _, e := range got {
+			if !slices.Contains(r.Successors(e.GetKey(), int(reps), nil), "b") || e.GetCount() != 1 {
+				t.Errorf("replicas %d: unexpected entry %q count %d", reps, e.GetKey(), e.GetCount())
+			}
+		}
+	}
+}
+
+// Recording a write for replication allocates nothing in steady state.
+func TestRecordingStoreZeroAllocs(t *testing.T) {
+	store := bucket.NewStore(bucket.StoreConfig{})
+	log := newReplLog()
+	rs := recordingStore{store: store, log: log}
+	op := bucket.Op{Key: []byte("domain\x00key\x00value"), Limit: bucket.Limit{Requests: 1 << 40, Unit: int64(time.Minute)}, Hits: 1}
+	var spare [replStripes]replBuf
+	drain := func() {
+		for i := range spare {
+			log.swap(i, &spare[i])
+			spare[i].reset()
+		}
+	}
+	for range 2 * replStripeRecs { // grow every buffer to steady state
+		rs.Apply(1e18, &op)
+	}
+	drain()
+	drain()
+	if n := testing.AllocsPerRun(1000, func() { rs.Apply(1e18, &op) }); n != 0 {
+		t.Fatalf("%v allocs per recorded apply, want 0", n)
+	}
+	recs := 0
+	for i := range log.stripes {
+		recs += len(log.stripes[i].buf.recs)
+	}
+	if recs == 0 {
+		t.Fatal("nothing recorded")
+	}
+}
+
+// A full stripe drops records and counts them instead of blocking.
+func TestReplLogDropsWhenFull(t *testing.T) {
+	log := &replLog{maxRecs: 2, maxBytes: 1 << 10}
+	st := bucket.State{Window: 0, Unit: 1, Count: 1}
+	key := []byte("same-stripe")
+	for range 5 {
+		log.record(key, st)
+	}
+	if d := log.dropped.Load(); d != 3 {
+		t.Fatalf("dropped %d, want 3", d)
+	}
+}
+
+// replFakePeer is a peerpb.PeerClient that records Replicate calls and
+// fails the first failFirst of them.
+type replFakePeer struct {
+	peerpb.PeerClient // nil: only Replicate is used
+	mu                sync.Mutex
+	failFirst         int
+	calls             int
+	got               map[string]bucket.State
+}
+
+func (p *replFakePeer) Replicate(ctx context.Context, req *peerpb.ReplicateRequest, _ ...grpc.CallOption) (*peerpb.ReplicateResponse, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.calls++
+	if p.calls <= p.failFirst {
+		return nil, status.Error(codes.Unavailable, "down")
+	}
+	for _, e := range req.GetEntries() {
+		p.got[string(e.GetKey())] = bucket.MaxState(p.got[string(e.GetKey())], stateFromPB(e))
+	}
+	return &peerpb.ReplicateResponse{Merged: uint32(len(req.GetEntries()))}, nil
+}
+
+func (p *replFakePeer) state(key string) (bucket.State, int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.got[key], p.calls
+}
+
+// The replicator sends each key's latest state to its replicas only,
+// retries a destination that failed, and never sends to itself.
+func TestReplicatorCoalescesAndRetries(t *testing.T) {
+	rg, err := ring.New([]string{"a", "b", "c"}, ring.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	peers := map[string]*replFakePeer{
+		"b": {failFirst: 2, got: map[string]bucket.State{}},
+		"c": {got: map[string]bucket.State{}},
+	}
+	r := &replicator{
+		self:     "a",
+		replicas: 2,
+		log:      newReplLog(),
+		interval: time.Millisecond,
+		targets:  func() *ring.Ring { return rg },
+		client: func(id string) peerpb.PeerClient {
+			if p := peers[id]; p != nil {
+				return p
+			}
+			return nil
+		},
+		m:      newReplMetrics(),
+		logger: slog.New(slog.DiscardHandler),
+	}
+	r.start()
+	defer r.close()
+	const keys = 50
+	for k := range keys {
+		key := []byte{'k', byte(k)}
+		for c := uint64(1); c <= 5; c++ {
+			r.log.record(key, bucket.State{Window: int64(time.Hour), Unit: int64(time.Hour), Count: c})
+		}
+	}
+	if err := r.flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	fwdWaitFor(t, 5*time.Second, "b's retries to succeed", func() bool {
+		_, calls := peers["b"].state("")
+		return calls > 2
+	})
+	for k := range keys {
+		key := []byte{'k', byte(k)}
+		succ := rg.Successors(key, 2, nil)
+		for id, p := range peers {
+			st, _ := p.state(string(key))
+			switch want := slices.Contains(succ, id); {
+			case want && st.Count != 5:
+				t.Errorf("key %d: %s holds %+v, want count 5", k, id, st)
+			case !want && st.Count != 0:
+				t.Errorf("key %d: %s is no replica but holds %+v", k, id, st)
+			}
+		}
+	}
+	if got := testCounterValue(t, r.m.sent); got == 0 {
+		t.Error("no entry counted as sent")
+	}
+	if got := testCounterValue(t, r.m.rpcErrors); got != 2 {
+		t.Errorf("%v RPC errors counted, want 2", got)
+	}
+}
+
+// testCounterValue reads one counter.
+func testCounterValue(t *testing.T, c prometheus.Counter) float64 {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	mfs, err := reg.Gather()
+	if err != nil || len(mfs) != 1 {
+		t.Fatalf("gather: %v", err)
+	}
+	return mfs[0].GetMetric()[0].GetCounter().GetValue()
+}
+
+// A key decided here instead of at its owner continues from the owner's
+// last remembered answer, in the owner's window; answers far below the
+// limit are not remembered.
+func TestRecordingStoreRemembersAnswers(t *testing.T) {
+	const unit = int64(time.Minute)
+	w := int64(1_700_000_000) * int64(time.Second)
+	w -= w % unit
+	now := w + 20*int64(time.Second)
+	lim := bucket.Limit{Requests: 10, Unit: unit}
+	op := func(key string, mode bucket.Mode) *bucket.Op {
+		return &bucket.Op{Key: []byte(key), Limit: lim, Hits: 1, Mode: mode}
+	}
+	answer := func(count uint64, skew int64) bucket.Result {
+		r := bucket.Result{Count: count, Over: count > 10, ResetAfter: w + unit - now + skew}
+		if !r.Over {
+			r.Remaining = 10 - count
+		}
+		return r
+	}
+	tests := []struct {
+		name   string
+		op     *bucket.Op
+		answer bucket.Result
+		want   bucket.Result // of the next hit decided here
+	}{
+		{"over", op("a", bucket.Consume), answer(12, 0), bucket.Result{Over: true, Count: 13, ResetAfter: w + unit - now}},
+		{"exhausted, owner clock behind", op("b", bucket.Consume), answer(10, -3*int64(time.Millisecond)), bucket.Result{Over: true, Count: 11, ResetAfter: w + unit - now}},
+		{"half used, owner clock ahead", op("c", bucket.Consume), answer(5, 3*int64(time.Millisecond)), bucket.Result{Count: 6, Remaining: 4, ResetAfter: w + unit - now}},
+		{"far below the limit: not kept", op("d", bucket.Consume), answer(2, 0), bucket.Result{Count: 1, Remaining: 9, ResetAfter: w + unit - now}},
+		{"peek: the hits were not stored", op("e", bucket.Peek), answer(12, 0), bucket.Result{Over: true, Count: 12, ResetAfter: w + unit - now}},
+		{"stop on over: the hits were not stored", op("f", bucket.StopOnOver), answer(11, 0), bucket.Result{Over: true, Count: 11, ResetAfter: w + unit - now}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
+			rs.remember(now, tt.op, tt.answer)
+			next := *tt.op
+			next.Mode = bucket.Consume
+			if got := rs.applyInstead(now, &next); got != tt.want {
+				t.Fatalf("next hit here: %+v, want %+v", got, tt.want)
+			}
+		})
+	}
+}

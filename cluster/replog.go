@@ -1,0 +1,173 @@
+package cluster
+
+import (
+	"sync"
+	"sync/atomic"
+	"unsafe"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/ringlimit/ringlimit/bucket"
+)
+
+// Store is what a Node needs of its counter store. *bucket.Store implements
+// it. It must be safe for concurrent use.
+type Store interface {
+	// ApplyState decides op at now and reports the state it wrote, if any
+	// (see bucket.Store.ApplyState). It must not retain op.
+	ApplyState(now int64, op *bucket.Op) (bucket.Result, bucket.State, bool)
+	// Merge combines a peer's state for key into the store (see
+	// bucket.Store.Merge). It must not retain key.
+	Merge(now int64, key []byte, st bucket.State) bool
+	// Range calls fn for every entry live at now until fn returns false;
+	// key is valid only during the call.
+	Range(now int64, fn func(key []byte, st bucket.State) bool)
+}
+
+// recordingStore is the Applier a Node gives its forwarder: every op it
+// applies (for keys this node owns, for batches peers send here, and for
+// fallbacks) goes to the store, and every write is recorded in log for the
+// key's replicas. A nil log records nothing (replication is off).
+//
+// It is also the forwarder's answerCache: shadow keeps the owners' recent
+// answers for fixed-window keys that have used at least half their limit,
+// and a key
+// decided here instead of at its owner first merges that answer into the
+// store. shadow is bounded and never replicated, handed off or synced.
+type recordingStore struct {
+	store  Store
+	log    *replLog
+	shadow *bucket.Store // nil: remember nothing
+}
+
+// shadowMaxKeys bounds the answers a Node remembers.
+const shadowMaxKeys = 1 << 16
+
+// remember implements answerCache. Answers far below their limit are not
+// kept: a fallback from a lower count cannot allow such a key past it.
+func (s recordingStore) remember(now int64, op *bucket.Op, r bucket.Result) {
+	if s.shadow == nil || (!r.Over && r.Remaining > r.Count) || op.Limit.Unit <= 0 ||
+		op.Limit.Algorithm != bucket.FixedWindow {
+		return // an answer's meaning is only this simple for fixed windows
+	}
+	count := r.Count
+	if op.Mode == bucket.Peek || (op.Mode == bucket.StopOnOver && r.Over) {
+		count -= min(count, op.Hits) // the owner did not store these hits
+	}
+	// The owner's window ends ResetAfter from now, give or take the
+	// latency and clock skew; windows end on multiples of the unit.
+	unit := op.Limit.Unit
+	end := now + r.ResetAfter
+	end -= end % unit
+	if r := (now + r.ResetAfter) % unit; r >= unit/2 {
+		end += unit
+	}
+	s.shadow.Merge(now, op.Key, bucket.State{Algorithm: op.Limit.Algorithm, Window: end - unit, Unit: unit, Count: count})
+}
+
+// applyInstead implements answerCache.
+func (s recordingStore) applyInstead(now int64, op *bucket.Op) bucket.Result {
+	if s.shadow != nil {
+		if st, ok := s.shadow.Get(now, op.Key); ok {
+			s.store.Merge(now, op.Key, st)
+		}
+	}
+	return s.Apply(now, op)
+}
+
+// Apply implements Applier. It allocates nothing once the log's buffers
+// have grown to their steady-state size.
+func (s recordingStore) Apply(now int64, op *bucket.Op) bucket.Result {
+	r, st, wrote := s.store.ApplyState(now, op)
+	if wrote && s.log != nil {
+		s.log.record(op.Key, st)
+	}
+	return r
+}
+
+// Bounds of the replication log.
+const (
+	// replStripes is how many independently locked buffers record writes.
+	replStripes = 16
+	// replStripeRecs bounds the records one stripe holds between two
+	// flushes; replStripeBytes bounds their key bytes.
+	replStripeRecs  = 8192
+	replStripeBytes = 1 << 20
+)
+
+// replLog collects (key, state) records from the hit path. Writers append to
+// one of replStripes buffers picked by the key's hash, under that stripe's
+// short lock; the replicator swaps each buffer for an empty one and reads
+// it without holding any lock. Key bytes are copied into one growing byte
+// slice per buffer, so recording allocates nothing in steady state. A full
+// stripe drops the record and counts it: the next write of the same key
+// carries its whole state again, so a drop only delays a replica.
+type replLog struct {
+	stripes  [replStripes]replStripe
+	maxRecs  int
+	maxBytes int
+	dropped  atomic.Uint64
+}
+
+// replStripe pads one stripe to its own cache lines.
+type replStripe struct {
+	replStripeData
+	_ [64 - unsafe.Sizeof(replStripeData{})%64]byte
+}
+
+type replStripeData struct {
+	mu  sync.Mutex
+	buf replBuf
+}
+
+// replBuf is a batch of records. keys holds the key bytes of all records
+// back to back.
+type replBuf struct {
+	keys []byte
+	recs []replRec
+}
+
+// replRec is one recorded write: key = keys[off:off+n].
+type replRec struct {
+	off, n uint32
+	st     bucket.State
+}
+
+func newReplLog() *replLog {
+	return &replLog{maxRecs: replStripeRecs, maxBytes: replStripeBytes}
+}
+
+// record appends (key, st) to key's stripe, or counts a drop when the
+// stripe is full. It copies key.
+func (l *replLog) record(key []byte, st bucket.State) {
+	s := &l.stripes[xxhash.Sum64(key)%replStripes]
+	s.mu.Lock()
+	b := &s.buf
+	if len(b.recs) >= l.maxRecs || len(b.keys)+len(key) > l.maxBytes {
+		s.mu.Unlock()
+		l.dropped.Add(1)
+		return
+	}
+	off := len(b.keys)
+	b.keys = append(b.keys, key...)
+	b.recs = append(b.recs, replRec{off: uint32(off), n: uint32(len(key)), st: st})
+	s.mu.Unlock()
+}
+
+// swap exchanges stripe i's buffer with *spare, which must be empty (its
+// capacity is kept), and leaves the recorded batch in *spare.
+func (l *replLog) swap(i int, spare *replBuf) {
+	s := &l.stripes[i]
+	s.mu.Lock()
+	s.buf, *spare = *spare, s.buf
+	s.mu.Unlock()
+}
+
+// key returns the key bytes of r in b.
+func (b *replBuf) key(r *replRec) []byte { return b.keys[r.off : r.off+r.n] }
+
+// reset empties b, keeping its capacity.
+func (b *replBuf) reset() {
+	b.keys = b.keys[:0]
+	b.recs = b.recs[:0]
+}
