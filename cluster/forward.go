@@ -62,7 +62,7 @@ const (
 const (
 	// fwdInflight is how many Decide RPCs may be in flight to one peer:
 	// one sender goroutine per slot.
-	fwdInflight = 4
+	fwdInflight = 2
 	// fwdMinQueue is the least capacity of a peer's queue, which is
 	// otherwise fwdInflight batches.
 	fwdMinQueue = 4096
@@ -227,7 +227,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 // is forwarded is decided locally at once. Apply never fails: a down peer costs
 // accuracy, not availability. An op the owner did answer after its waiter
 // gave up is counted at both nodes. Ops of one call that go to the same
-// owner may travel in different batches (up to four are in flight per
+// owner may travel in different batches (up to fwdInflight are in flight per
 // peer), so two ops on the same key may be applied in either order.
 func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
 	results = results[:len(ops)]
