@@ -26,7 +26,7 @@ test: lint
 
 # Every fuzz target for a bounded number of inputs (a count, not a time:
 # go1.26's -fuzztime with a duration can fail spuriously, golang/go#75804).
-FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster:FuzzMshipMeta
+FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster:FuzzMshipMeta cluster:FuzzPeerDecode
 FUZZ_N ?= 3000x
 fuzz-short:
 	@set -e; for t in $(FUZZ_TARGETS); do \

@@ -365,6 +365,17 @@ func (n *Node) Running() bool {
 	}
 }
 
+// PID is the process id of the node's current process, 0 if it was never
+// started. The process may have exited since.
+func (n *Node) PID() int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.cmd == nil || n.cmd.Process == nil {
+		return 0
+	}
+	return n.cmd.Process.Pid
+}
+
 // ExitErr is the error of the last exit (nil for exit status 0).
 func (n *Node) ExitErr() error {
 	n.mu.Lock()

@@ -21,15 +21,15 @@ import (
 
 // clusterNode is this process's part of a ringlimit cluster.
 type clusterNode struct {
-	node    *cluster.Node
-	counter *cluster.Node
-	c       *serveConfig
-	log     *slog.Logger
+	node *cluster.Node
+	c    *serveConfig
+	log  *slog.Logger
 }
 
 // startCluster joins the cluster named by --join. grpcAddr is the bound gRPC
-// listener; peers dial it at the advertised host.
-func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock func() int64, reg prometheus.Registerer, log *slog.Logger) (*clusterNode, error) {
+// listener; peers dial it at the advertised host, with dial (nil:
+// plaintext).
+func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock func() int64, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption) (*clusterNode, error) {
 	adv, err := advertisedGRPC(c, grpcAddr)
 	if err != nil {
 		return nil, err
@@ -50,17 +50,18 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 			SecretKey:     key,
 			Logger:        log,
 		},
-		Store:      store,
-		Replicas:   c.Replicas,
-		Clock:      clock,
-		Registerer: reg,
-		Logger:     log,
+		Store:       store,
+		Replicas:    c.Replicas,
+		Clock:       clock,
+		DialOptions: dial,
+		Registerer:  reg,
+		Logger:      log,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve: cluster: %w", err)
 	}
 	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas)
-	return &clusterNode{node: n, counter: n, c: c, log: log}, nil
+	return &clusterNode{node: n, c: c, log: log}, nil
 }
 
 // advertisedGRPC is the address peers dial for this node's gRPC service:

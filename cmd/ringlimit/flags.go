@@ -48,6 +48,12 @@ type serveConfig struct {
 	GossipKeyFile string
 	Replicas      int
 
+	PeerTLSCert string
+	PeerTLSKey  string
+	PeerTLSCA   string
+	GRPCTLSCert string
+	GRPCTLSKey  string
+
 	DryRun bool
 }
 
@@ -136,6 +142,11 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.AdvertiseAddr, "advertise-addr", "", "host or host:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
 	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
+	str(&c.PeerTLSCert, "peer-tls-cert", "", "PEM certificate this node presents to peers (with --peer-tls-key and --peer-tls-ca: peer RPCs need mTLS; reloaded on change)", nil)
+	str(&c.PeerTLSKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert", nil)
+	str(&c.PeerTLSCA, "peer-tls-ca", "", "PEM CA bundle that signs every node's peer certificate", nil)
+	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", nil)
+	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", nil)
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
@@ -223,7 +234,24 @@ func (c *serveConfig) validate() error {
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("serve: --shutdown-timeout must be > 0"))
 	}
+	if n := countSet(c.PeerTLSCert, c.PeerTLSKey, c.PeerTLSCA); n != 0 && n != 3 {
+		errs = append(errs, errors.New("serve: --peer-tls-cert, --peer-tls-key and --peer-tls-ca go together"))
+	}
+	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
+		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
+	}
 	return errors.Join(errs...)
+}
+
+// countSet counts the non-empty strings.
+func countSet(s ...string) int {
+	n := 0
+	for _, v := range s {
+		if v != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // joinList splits --join.

@@ -83,8 +83,14 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	clock := func() int64 { return time.Now().UnixNano() }
 
 	store := bucket.NewStore(bucket.StoreConfig{MaxKeys: c.MaxKeys})
+	storeMetrics := newStoreCollector(store, log)
+	reg.MustRegister(storeMetrics)
 	var counter rls.Counter = rls.LocalCounter{Store: store}
 
+	tlsf, err := newTLSFiles(c)
+	if err != nil {
+		return err
+	}
 	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("serve: --grpc-addr: %w", err)
@@ -101,17 +107,21 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		return fmt.Errorf("serve: --debug-addr: %w", err)
 	}
 
-	gs := grpc.NewServer()
 	var node *clusterNode
+	var members aliveLister
 	if len(c.joinList()) > 0 {
-		node, err = startCluster(c, grpcLis.Addr().String(), store, clock, reg, log)
+		node, err = startCluster(c, grpcLis.Addr().String(), store, clock, reg, log, tlsf.peerDialOptions())
 		if err != nil {
 			grpcLis.Close()
 			httpLis.Close()
 			debugLis.Close()
 			return err
 		}
-		counter = node.counter
+		counter = node.node // decides each key at its owner
+		members = node.node.Membership()
+	}
+	gs := grpc.NewServer(grpcServerOptions(tlsf, members)...)
+	if node != nil {
 		node.register(gs)
 	}
 
@@ -192,8 +202,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 			select {
 			case <-sweepCtx.Done():
 				return
-			case <-t.C:
+			case now := <-t.C:
 				store.Sweep(clock())
+				storeMetrics.check(now)
 			}
 		}
 	}()

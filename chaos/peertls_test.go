@@ -1,0 +1,140 @@
+package chaos
+
+import (
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
+)
+
+// writeTestPKI writes a CA (ca.pem) and one peer certificate per name
+// (name.crt, name.key, for server and client use on 127.0.0.1) into dir and
+// returns the CA's pool.
+func writeTestPKI(t *testing.T, dir string, names ...string) *x509.CertPool {
+	t.Helper()
+	caKey, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caTmpl := &x509.Certificate{
+		SerialNumber: big.NewInt(1), Subject: pkix.Name{CommonName: "chaos-ca"},
+		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign,
+	}
+	caDER, err := x509.CreateCertificate(rand.Reader, caTmpl, caTmpl, &caKey.PublicKey, caKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	caCert, _ := x509.ParseCertificate(caDER)
+	write := func(name, typ string, der []byte) {
+		if err := os.WriteFile(filepath.Join(dir, name), pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("ca.pem", "CERTIFICATE", caDER)
+	for i, name := range names {
+		key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+		if err != nil {
+			t.Fatal(err)
+		}
+		tmpl := &x509.Certificate{
+			SerialNumber: big.NewInt(int64(i + 2)), Subject: pkix.Name{CommonName: name},
+			NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
+			KeyUsage:    x509.KeyUsageDigitalSignature,
+			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
+			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+		}
+		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
+		if err != nil {
+			t.Fatal(err)
+		}
+		kb, err := x509.MarshalECPrivateKey(key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		write(name+".crt", "CERTIFICATE", der)
+		write(name+".key", "EC PRIVATE KEY", kb)
+	}
+	pool := x509.NewCertPool()
+	pool.AddCert(caCert)
+	return pool
+}
+
+// TestPeerMTLSCluster runs two nodes whose peer RPCs need mTLS: they
+// become ready (the sync before ready is a peer RPC), and hits on one key
+// sent half to each node are counted once, by the key's owner (forwarding
+// is a peer RPC). The RLS client dials TLS without a certificate.
+func TestPeerMTLSCluster(t *testing.T) {
+	pki := t.TempDir()
+	pool := writeTestPKI(t, pki, "node0", "node1")
+	c := startNodes(t, 2, func(_ *Cluster, i int) []string {
+		name := []string{"node0", "node1"}[i]
+		return []string{
+			"--peer-tls-cert", filepath.Join(pki, name+".crt"),
+			"--peer-tls-key", filepath.Join(pki, name+".key"),
+			"--peer-tls-ca", filepath.Join(pki, "ca.pem"),
+		}
+	})
+	for _, n := range c.Nodes {
+		if err := n.WaitReady(20 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := WaitRing(15*time.Second, c.Nodes, c.Nodes); err != nil {
+		t.Fatal(err)
+	}
+	windowSafe(t, 10*time.Second)
+	creds := credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	var clients []pb.RateLimitServiceClient
+	for _, n := range c.Nodes {
+		conn, err := grpc.NewClient(n.GRPC, grpc.WithTransportCredentials(creds))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		clients = append(clients, pb.NewRateLimitServiceClient(conn))
+	}
+	ctx := context.Background()
+	ok := 0
+	for i := 0; i < 120; i++ { // 60 to each node; the limit is 100 a minute
+		resp, err := clients[i%2].ShouldRateLimit(ctx, Request("ratelimit", "remote_address", "10.9.9.9", "PATH", "/mtls"))
+		if err != nil {
+			t.Fatalf("hit %d: %v", i, err)
+		}
+		if resp.OverallCode == pb.RateLimitResponse_OK {
+			ok++
+		}
+	}
+	if ok != 100 {
+		t.Errorf("%d of 120 hits allowed across two nodes, want exactly 100", ok)
+	}
+	var forwarded, fallbacks float64
+	for _, n := range c.Nodes {
+		f, err := n.Metric("ringlimit_forwarded_decisions_total")
+		if err != nil {
+			t.Fatal(err)
+		}
+		fb, _ := n.Metric("ringlimit_local_fallbacks_total")
+		forwarded, fallbacks = forwarded+f, fallbacks+fb
+	}
+	if forwarded < 60 || fallbacks != 0 {
+		t.Errorf("forwarded %v, local fallbacks %v; want >= 60 forwarded over mTLS and no fallback", forwarded, fallbacks)
+	}
+	if cr := c.Crashes(); len(cr) > 0 {
+		t.Errorf("crashes: %v", cr)
+	}
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/cluster"
+)
+
+// peerServerName is the TLS server name peers dial each other with: it
+// tells the gRPC listener to present the peer certificate rather than the
+// RLS one. Peers check each other's certificate against --peer-tls-ca only
+// (not against a host name): belonging to the cluster's CA is the identity.
+const peerServerName = "ringlimit-peer"
+
+// peerMethodPrefix selects the RPCs of the cluster.Peer service.
+const peerMethodPrefix = "/ringlimit.peer.v1.Peer/"
+
+// fileStamp tells whether a file changed since it was last read.
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+func stampOf(path string) (fileStamp, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return fileStamp{}, err
+	}
+	return fileStamp{fi.ModTime(), fi.Size()}, nil
+}
+
+// keyPairFile is a certificate and key read from PEM files, read again on
+// use when either file's modification time or size changed. A reload that
+// fails (e.g. a half-written file) keeps the last good pair. Safe for
+// concurrent use.
+type keyPairFile struct {
+	flag, certPath, keyPath string
+
+	mu    sync.Mutex
+	stamp [2]fileStamp
+	cert  *tls.Certificate
+}
+
+// get returns the current pair, reloading it if the files changed.
+func (k *keyPairFile) get() (*tls.Certificate, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	cs, err1 := stampOf(k.certPath)
+	ks, err2 := stampOf(k.keyPath)
+	if err := errors.Join(err1, err2); err != nil || (k.cert != nil && cs == k.stamp[0] && ks == k.stamp[1]) {
+		if k.cert == nil {
+			return nil, fmt.Errorf("serve: --%s: %w", k.flag, err)
+		}
+		return k.cert, nil
+	}
+	c, err := tls.LoadX509KeyPair(k.certPath, k.keyPath)
+	if err != nil {
+		if k.cert == nil {
+			return nil, fmt.Errorf("serve: --%s: %w", k.flag, err)
+		}
+		return k.cert, nil
+	}
+	k.cert, k.stamp = &c, [2]fileStamp{cs, ks}
+	return k.cert, nil
+}
+
+// caFile is a PEM CA bundle, reloaded like keyPairFile. Safe for concurrent
+// use.
+type caFile struct {
+	path string
+
+	mu    sync.Mutex
+	stamp fileStamp
+	pool  *x509.CertPool
+}
+
+// get returns the current pool, reloading it if the file changed.
+func (c *caFile) get() (*x509.CertPool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st, err := stampOf(c.path)
+	if err != nil || (c.pool != nil && st == c.stamp) {
+		if c.pool == nil {
+			return nil, fmt.Errorf("serve: --peer-tls-ca: %w", err)
+		}
+		return c.pool, nil
+	}
+	b, err := os.ReadFile(c.path)
+	pool := x509.NewCertPool()
+	if err == nil && !pool.AppendCertsFromPEM(b) {
+		err = fmt.Errorf("%s: no PEM certificate", c.path)
+	}
+	if err != nil {
+		if c.pool == nil {
+			return nil, fmt.Errorf("serve: --peer-tls-ca: %w", err)
+		}
+		return c.pool, nil
+	}
+	c.pool, c.stamp = pool, st
+	return c.pool, nil
+}
+
+// tlsFiles holds the certificates named by the TLS flags. A nil field is
+// a feature turned off.
+type tlsFiles struct {
+	peer *keyPairFile // --peer-tls-cert/--peer-tls-key: peer mTLS
+	ca   *caFile      // --peer-tls-ca, set with peer
+	rls  *keyPairFile // --grpc-tls-cert/--grpc-tls-key: server TLS for RLS clients
+}
+
+// newTLSFiles reads the files once, so that a bad one fails at start.
+func newTLSFiles(c *serveConfig) (*tlsFiles, error) {
+	f := &tlsFiles{}
+	if c.PeerTLSCert != "" {
+		f.peer = &keyPairFile{flag: "peer-tls-cert", certPath: c.PeerTLSCert, keyPath: c.PeerTLSKey}
+		f.ca = &caFile{path: c.PeerTLSCA}
+		if _, err := f.peer.get(); err != nil {
+			return nil, err
+		}
+		if _, err := f.ca.get(); err != nil {
+			return nil, err
+		}
+	}
+	if c.GRPCTLSCert != "" {
+		f.rls = &keyPairFile{flag: "grpc-tls-cert", certPath: c.GRPCTLSCert, keyPath: c.GRPCTLSKey}
+		if _, err := f.rls.get(); err != nil {
+			return nil, err
+		}
+	}
+	return f, nil
+}
+
+// serverConfig is the gRPC listener's TLS, or nil for plaintext. With peer
+// mTLS, a client certificate is verified against the CA when one is given
+// (VerifyClientCertIfGiven), so RLS clients need none; the Peer service
+// itself demands one (see peerGate).
+func (f *tlsFiles) serverConfig() *tls.Config {
+	if f.peer == nil && f.rls == nil {
+		return nil
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
+			kp := f.rls
+			if kp == nil || (f.peer != nil && hello.ServerName == peerServerName) {
+				kp = f.peer
+			}
+			cert, err := kp.get()
+			if err != nil {
+				return nil, err
+			}
+			cfg := &tls.Config{
+				MinVersion:   tls.VersionTLS12,
+				Certificates: []tls.Certificate{*cert},
+				NextProtos:   []string{"h2"},
+			}
+			if f.peer != nil {
+				pool, err := f.ca.get()
+				if err != nil {
+					return nil, err
+				}
+				cfg.ClientAuth, cfg.ClientCAs = tls.VerifyClientCertIfGiven, pool
+			}
+			return cfg, nil
+		},
+	}
+}
+
+// peerDialConfig is the TLS peers dial each other with, or nil without
+// peer mTLS: it presents this node's peer certificate and accepts a server
+// whose certificate chains to the CA, whatever host name it names.
+func (f *tlsFiles) peerDialConfig() *tls.Config {
+	if f.peer == nil {
+		return nil
+	}
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		ServerName: peerServerName,
+		// The default check wants a host name; VerifyConnection checks the
+		// chain against the (reloadable) CA instead.
+		InsecureSkipVerify: true,
+		VerifyConnection: func(cs tls.ConnectionState) error {
+			if len(cs.PeerCertificates) == 0 {
+				return errors.New("serve: peer presented no certificate")
+			}
+			pool, err := f.ca.get()
+			if err != nil {
+				return err
+			}
+			inter := x509.NewCertPool()
+			for _, c := range cs.PeerCertificates[1:] {
+				inter.AddCert(c)
+			}
+			_, err = cs.PeerCertificates[0].Verify(x509.VerifyOptions{
+				Roots: pool, Intermediates: inter, KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
+			})
+			if err != nil {
+				return fmt.Errorf("serve: peer certificate: %w", err)
+			}
+			return nil
+		},
+		GetClientCertificate: func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			return f.peer.get()
+		},
+	}
+}
+
+// peerDialOptions are the cluster's dial options: nil (plaintext) without
+// peer mTLS.
+func (f *tlsFiles) peerDialOptions() []grpc.DialOption {
+	cfg := f.peerDialConfig()
+	if cfg == nil {
+		return nil
+	}
+	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
+}
+
+// aliveLister lists the current members of the cluster
+// (*cluster.Membership).
+type aliveLister interface {
+	Alive() []cluster.Member
+}
+
+// peerGate admits Peer RPCs: with mTLS only from a client whose certificate
+// the handshake verified against the CA; without, only from the IP of a
+// current member (its gRPC or gossip host). Other services pass through.
+type peerGate struct {
+	mtls    bool
+	members aliveLister
+}
+
+// admit returns nil or a status error for an RPC to method.
+func (g peerGate) admit(ctx context.Context, method string) error {
+	if !strings.HasPrefix(method, peerMethodPrefix) {
+		return nil
+	}
+	p, ok := peer.FromContext(ctx)
+	if !ok {
+		return status.Error(codes.Unauthenticated, "serve: peer rpc: unknown caller")
+	}
+	if g.mtls {
+		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
+			return nil
+		}
+		return status.Error(codes.Unauthenticated, "serve: peer rpc needs a client certificate signed by --peer-tls-ca")
+	}
+	ip := addrIP(p.Addr)
+	if ip != nil && g.members != nil {
+		for _, m := range g.members.Alive() {
+			for _, a := range []string{m.GRPCAddr, m.Addr} {
+				if h, _, err := net.SplitHostPort(a); err == nil && ip.Equal(net.ParseIP(h)) {
+					return nil
+				}
+			}
+		}
+	}
+	return status.Errorf(codes.PermissionDenied, "serve: peer rpc from %v: not a cluster member", p.Addr)
+}
+
+// addrIP is the IP of a TCP address, or nil.
+func addrIP(a net.Addr) net.IP {
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.IP
+	}
+	if a == nil {
+		return nil
+	}
+	h, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return nil
+	}
+	return net.ParseIP(h)
+}
+
+func (g peerGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	if err := g.admit(ctx, info.FullMethod); err != nil {
+		return nil, err
+	}
+	return h(ctx, req)
+}
+
+func (g peerGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	if err := g.admit(ss.Context(), info.FullMethod); err != nil {
+		return err
+	}
+	return h(srv, ss)
+}
+
+// grpcServerOptions are the gRPC server's TLS and, for a cluster node
+// (members non-nil), the Peer service's gate.
+func grpcServerOptions(f *tlsFiles, members aliveLister) []grpc.ServerOption {
+	var opts []grpc.ServerOption
+	if cfg := f.serverConfig(); cfg != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
+	}
+	if members != nil {
+		g := peerGate{mtls: f.peer != nil, members: members}
+		opts = append(opts, grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream))
+	}
+	return opts
+}
