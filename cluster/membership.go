@@ -193,7 +193,7 @@ func NewMembership(cfg MembershipConfig, onChange func(alive []Member)) (*Member
 	mlc.Name = m.name
 	mlc.Delegate = mshipDelegate{m}
 	mlc.Events = mshipEvents{m}
-	mlc.Logger = log.New(mshipLogWriter{logger}, "", 0)
+	mlc.Logger = log.New(newMshipLogWriter(logger), "", 0)
 
 	ml, err := mshipCreate(mlc)
 	if err != nil {

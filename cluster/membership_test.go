@@ -680,7 +680,7 @@ func TestMshipLogWriter(t *testing.T) {
 	}
 	for _, tt := range tests {
 		sink := &mshipLogSink{}
-		w := mshipLogWriter{slog.New(sink)}
+		w := newMshipLogWriter(slog.New(sink))
 		if n, err := w.Write([]byte(tt.line)); n != len(tt.line) || err != nil {
 			t.Fatalf("Write = %d, %v", n, err)
 		}
@@ -701,7 +701,7 @@ func TestMshipLogWriter(t *testing.T) {
 	}
 	// Below debug nothing is formatted or emitted.
 	var out strings.Builder
-	w := mshipLogWriter{slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo}))}
+	w := newMshipLogWriter(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo})))
 	if _, err := w.Write([]byte("[ERR] memberlist: x\n")); err != nil {
 		t.Fatal(err)
 	}
@@ -747,5 +747,19 @@ func TestMembershipSetReady(t *testing.T) {
 	}
 	if err := a.SetReady(false); err == nil || !strings.HasPrefix(err.Error(), "cluster: ") {
 		t.Errorf("SetReady after Leave = %v, want a cluster: error", err)
+	}
+}
+
+func TestMshipLogWriterKeyWarning(t *testing.T) {
+	t.Parallel()
+	var out strings.Builder
+	w := newMshipLogWriter(slog.New(slog.NewTextHandler(&out, &slog.HandlerOptions{Level: slog.LevelInfo})))
+	for range 3 { // memberlist repeats it per packet: one warning
+		if _, err := w.Write([]byte("[ERR] memberlist: failed to receive: No installed keys could decrypt the message from=1.2.3.4:7946\n")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := strings.Count(out.String(), "level=WARN"); n != 1 || !strings.Contains(out.String(), "gossip-key-file") {
+		t.Fatalf("want one warning naming --gossip-key-file, got %q", out.String())
 	}
 }
