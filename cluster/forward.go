@@ -243,6 +243,13 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 			results[i] = f.local.Apply(now, op)
 			continue
 		}
+		if ac, ok := f.local.(answerCache); ok {
+			if r, over := ac.overUntil(now, op); over {
+				results[i] = r
+				f.m.overLocal.Inc()
+				continue
+			}
+		}
 		if peers == nil {
 			peers = *f.peers.Load()
 		}
@@ -427,6 +434,9 @@ type answerCache interface {
 	remember(now int64, op *bucket.Op, r bucket.Result)
 	// applyInstead decides op here, from at least the remembered count.
 	applyInstead(now int64, op *bucket.Op) bucket.Result
+	// overUntil answers op here when its owner has already said the key
+	// is over its limit for the rest of the current window.
+	overUntil(now int64, op *bucket.Op) (bucket.Result, bool)
 }
 
 // applyInstead decides op with the local store for a key another node owns.
@@ -659,6 +669,7 @@ type fwdMetrics struct {
 	expired     prometheus.Counter
 	refused     prometheus.Counter
 	rerouted    prometheus.Counter
+	overLocal   prometheus.Counter
 }
 
 func newFwdMetrics(maxBatch int) fwdMetrics {
@@ -690,6 +701,10 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 		Name: "ringlimit_peer_refused_ops_total",
 		Help: "Ops in Decide batches this node refused while it re-synced its counters.",
 	})
+	m.overLocal = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_hot_key_local_answers_total",
+		Help: "Over-limit decisions answered by the entry node without a forward, because the key's owner had already answered it over the limit for this window.",
+	})
 	m.rerouted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ringlimit_rerouted_decisions_total",
 		Help: "Decisions for keys whose owner was suspect or unknown, sent to (or taken by) the key's first healthy replica instead.",
@@ -706,7 +721,7 @@ func (m fwdMetrics) register(r prometheus.Registerer) error {
 	if r == nil {
 		return nil
 	}
-	cs := []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted}
+	cs := []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal}
 	for i, c := range cs {
 		if err := r.Register(c); err != nil {
 			for _, done := range cs[:i] {

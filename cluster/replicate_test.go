@@ -391,3 +391,52 @@ func TestRecordingStoreRemembersAnswers(t *testing.T) {
 		})
 	}
 }
+
+// A key its owner answered over the limit is answered over here until the
+// owner's window ends, without asking the owner again; anything else still
+// goes to the owner.
+func TestRecordingStoreOverUntil(t *testing.T) {
+	const unit = int64(time.Minute)
+	w := int64(1_700_000_000) * int64(time.Second)
+	w -= w % unit
+	now := w + 20*int64(time.Second)
+	lim := bucket.Limit{Requests: 10, Unit: unit}
+	answer := func(count uint64) bucket.Result {
+		r := bucket.Result{Count: count, Over: count > 10, ResetAfter: w + unit - now}
+		if !r.Over {
+			r.Remaining = 10 - count
+		}
+		return r
+	}
+	tests := []struct {
+		name     string
+		answered uint64
+		at       int64        // when the next hit comes
+		lim      bucket.Limit // of the next hit
+		hits     uint64
+		want     bucket.Result
+		wantOver bool
+	}{
+		{"over: answered here", 11, now + int64(time.Second), lim, 1, bucket.Result{Over: true, Count: 12, ResetAfter: w + unit - now - int64(time.Second)}, true},
+		{"over, check only", 11, now, lim, 0, bucket.Result{Over: true, Count: 11, ResetAfter: w + unit - now}, true},
+		{"exactly at the limit: ask the owner", 10, now, lim, 1, bucket.Result{}, false},
+		{"next window: ask the owner", 11, w + unit, lim, 1, bucket.Result{}, false},
+		{"limit raised by a reload: ask the owner", 11, now, bucket.Limit{Requests: 20, Unit: unit}, 1, bucket.Result{}, false},
+		{"unit changed: ask the owner", 11, now, bucket.Limit{Requests: 10, Unit: int64(time.Hour)}, 1, bucket.Result{}, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
+			rs.remember(now, &bucket.Op{Key: []byte("k"), Limit: lim, Hits: 1}, answer(tt.answered))
+			got, over := rs.overUntil(tt.at, &bucket.Op{Key: []byte("k"), Limit: tt.lim, Hits: tt.hits})
+			if over != tt.wantOver || got != tt.want {
+				t.Fatalf("overUntil = %+v, %v; want %+v, %v", got, over, tt.want, tt.wantOver)
+			}
+		})
+	}
+	// Nothing remembered, or no shadow at all: ask the owner.
+	rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{})}
+	if _, over := rs.overUntil(now, &bucket.Op{Key: []byte("k"), Limit: lim, Hits: 1}); over {
+		t.Fatal("no shadow: answered locally")
+	}
+}

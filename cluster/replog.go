@@ -65,6 +65,27 @@ func (s recordingStore) remember(now int64, op *bucket.Op, r bucket.Result) {
 	s.shadow.Merge(now, op.Key, bucket.State{Algorithm: op.Limit.Algorithm, Window: end - unit, Unit: unit, Count: count})
 }
 
+// overUntil implements answerCache: a fixed-window key whose owner last
+// answered a count over op's limit stays over until that window ends, so
+// it is answered here without a forward (the owner is the one that said
+// so: every entry node that asks learns the same). The answer reports the
+// hits as if counted; the owner does not see them, which only lowers the
+// count it reports beyond the limit.
+func (s recordingStore) overUntil(now int64, op *bucket.Op) (bucket.Result, bool) {
+	if s.shadow == nil || op.Limit.Algorithm != bucket.FixedWindow {
+		return bucket.Result{}, false
+	}
+	st, ok := s.shadow.Get(now, op.Key)
+	if !ok || st.Algorithm != bucket.FixedWindow || st.Unit != op.Limit.Unit || st.Count <= op.Limit.Requests {
+		return bucket.Result{}, false
+	}
+	end := st.Window + st.Unit
+	if end <= now {
+		return bucket.Result{}, false
+	}
+	return bucket.Result{Over: true, Count: st.Count + min(op.Hits, ^uint64(0)-st.Count), ResetAfter: end - now}, true
+}
+
 // applyInstead implements answerCache.
 func (s recordingStore) applyInstead(now int64, op *bucket.Op) bucket.Result {
 	if s.shadow != nil {
