@@ -56,13 +56,17 @@ type LoadConfig struct {
 	KeyPrefix     string        // values are KeyPrefix + "0" ... ; default "key-"
 	Keys          int           // number of distinct values, hit uniformly at random
 	Unit          time.Duration // the limit's window, to number the windows of unanswered calls
-	ConnsPerNode  int           // long-lived gRPC connections to each node; default 2
-	Workers       int           // concurrent callers; default 8
-	Rate          float64       // calls per second over all workers; 0 means as fast as they go
-	Deadline      time.Duration // per call, as Envoy's ratelimit filter timeout; default 20 ms
-	MaxCalls      int64         // the driver stops after this many calls; default 2,000,000
-	MaxDuration   time.Duration // and after this long; default 15 minutes
-	Seed          int64         // seeds the key choice of each worker
+	// ClockWindows numbers every call's window by the client's clock.
+	// Otherwise answered calls take the window end the server reports
+	// (duration_until_reset), which only fixed windows report.
+	ClockWindows bool
+	ConnsPerNode int           // long-lived gRPC connections to each node; default 2
+	Workers      int           // concurrent callers; default 8
+	Rate         float64       // calls per second over all workers; 0 means as fast as they go
+	Deadline     time.Duration // per call, as Envoy's ratelimit filter timeout; default 20 ms
+	MaxCalls     int64         // the driver stops after this many calls; default 2,000,000
+	MaxDuration  time.Duration // and after this long; default 15 minutes
+	Seed         int64         // seeds the key choice of each worker
 }
 
 func (c *LoadConfig) validate() error {
@@ -383,7 +387,7 @@ func (l *Load) call(t *target, cl pb.RateLimitServiceClient, key int) Call {
 	if err == nil {
 		t.answered.Store(int64(c.End()))
 	}
-	if err == nil && len(resp.Statuses) > 0 && resp.Statuses[0].DurationUntilReset != nil {
+	if err == nil && !l.cfg.ClockWindows && len(resp.Statuses) > 0 && resp.Statuses[0].DurationUntilReset != nil {
 		// The server's window end, rounded to the nearest window edge.
 		e := t1.Add(resp.Statuses[0].DurationUntilReset.AsDuration()).UnixNano()
 		c.Window = (e + unit/2) / unit

@@ -29,7 +29,11 @@ func (s *Suite) scenario(name, dir string, n int, place func(*Cluster) (*Node, e
 // then rolls a graceful restart through all three. Total allowed must stay
 // within the tolerance of keys x limit, and not one call may fail.
 func (s *Suite) killRestartRoll(dir string) *Result {
-	return s.scenario("kill-restart-roll", dir, 3, nil, func(r *run) error {
+	name := "kill-restart-roll"
+	if s.P.Algorithm != "" {
+		name += "-" + s.P.Algorithm
+	}
+	return s.scenario(name, dir, 3, nil, func(r *run) error {
 		p := s.P
 		all := append([]*Node(nil), r.c.Nodes...)
 		victim, survivors := all[2], all[:2]

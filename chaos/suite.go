@@ -32,6 +32,12 @@ type Params struct {
 	P99Bound    time.Duration // survivors' p99 while an owner is frozen
 	RejoinBound time.Duration // restart with the same identity until every ring has it
 	MergeBound  time.Duration // heal until every ring is whole again
+	// Algorithm is the rule's algorithm ("" is the default fixed window;
+	// sliding_window and token_bucket are ringlimit's extensions). With an
+	// hour unit and burst = limit, none of them allows more than the limit
+	// per key in one hour window over a run this short, so the same checks
+	// hold.
+	Algorithm string
 	// Args are extra serve flags for every node (e.g. --replicas 2).
 	Args []string
 	// DumpDir, when set, receives each scenario's calls as <name>.csv.
@@ -76,13 +82,26 @@ type Scenario struct {
 }
 
 // Scenarios lists the suite in the order of the report.
+// The full suite also runs kill-restart-roll with a token_bucket and a
+// sliding_window rule, whose state replicates and hands off like a fixed
+// window's.
 func (s *Suite) Scenarios() []Scenario {
-	return []Scenario{
+	scs := []Scenario{
 		{Name: "kill-restart-roll", Run: (*Suite).killRestartRoll},
 		{Name: "freeze-owner", Run: (*Suite).freezeOwner},
 		{Name: "scale-out-in", Run: (*Suite).scaleOutIn},
 		{Name: "partition", NeedsNetns: true, Run: (*Suite).partition},
 	}
+	if s.P.Full {
+		for _, alg := range []string{"token_bucket", "sliding_window"} {
+			scs = append(scs, Scenario{Name: "kill-restart-roll-" + alg, Run: func(s *Suite, dir string) *Result {
+				c := *s
+				c.P.Algorithm = alg
+				return c.killRestartRoll(dir)
+			}})
+		}
+	}
+	return scs
 }
 
 // Result is the outcome of one scenario: a total row, one row per phase,
@@ -111,9 +130,14 @@ type Row struct {
 	Crashes      int
 }
 
-// hourConfigFor is the rate limit config of every scenario.
-func hourConfigFor(limit int) string {
-	return fmt.Sprintf("domain: chaos\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: %d\n", limit)
+// hourConfigFor is the rate limit config of every scenario: limit per hour
+// for each value of key k, with algorithm ("" is the default).
+func hourConfigFor(limit int, algorithm string) string {
+	cfg := fmt.Sprintf("domain: chaos\ndescriptors:\n  - key: k\n    rate_limit:\n      unit: hour\n      requests_per_unit: %d\n", limit)
+	if algorithm != "" {
+		cfg += "      algorithm: " + algorithm + "\n"
+	}
+	return cfg
 }
 
 // run is the state of one scenario while it runs.
@@ -148,7 +172,7 @@ func (s *Suite) newRun(name, dir string, n int, place func(*Cluster) (*Node, err
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
 		return nil, err
 	}
-	if err := ConfigMapDir(cfgDir, map[string]string{"config.yaml": hourConfigFor(s.P.Limit)}); err != nil {
+	if err := ConfigMapDir(cfgDir, map[string]string{"config.yaml": hourConfigFor(s.P.Limit, s.P.Algorithm)}); err != nil {
 		return nil, err
 	}
 	// A port taken by another process between the layout and the start is
@@ -202,7 +226,7 @@ func (r *run) addNode(place func(*Cluster) (*Node, error)) (*Node, error) {
 func (r *run) startLoad() error {
 	p := r.s.P
 	cfg := LoadConfig{
-		Domain: "chaos", DescriptorKey: "k", Keys: p.Keys, Unit: time.Hour,
+		Domain: "chaos", DescriptorKey: "k", Keys: p.Keys, Unit: time.Hour, ClockWindows: p.Algorithm != "",
 		ConnsPerNode: p.ConnsPerNode, Workers: p.Workers, Deadline: p.Deadline, Rate: p.PrimeRate,
 		MaxCalls: int64(p.Rate*600) + 100_000, MaxDuration: 10 * time.Minute, Seed: 1,
 	}
