@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/ringlimit/ringlimit/bucket"
@@ -52,11 +53,12 @@ type Bounds struct {
 	MaxEntries     int // entries per descriptor (default 16)
 	MaxKeyLen      int // bytes per entry key (default 256)
 	MaxValueLen    int // bytes per entry value (default 1024)
+	MaxRequestSize int // bytes of the whole encoded request (default 256 KiB)
 	MaxDomainLen   int // bytes of the domain (default 256)
 }
 
 // DefaultBounds are generous for real Envoy traffic.
-var DefaultBounds = Bounds{MaxDescriptors: 64, MaxEntries: 16, MaxKeyLen: 256, MaxValueLen: 1024, MaxDomainLen: 256}
+var DefaultBounds = Bounds{MaxDescriptors: 64, MaxEntries: 16, MaxKeyLen: 256, MaxValueLen: 1024, MaxDomainLen: 256, MaxRequestSize: 256 << 10}
 
 func (b Bounds) withDefaults() Bounds {
 	d := DefaultBounds
@@ -71,6 +73,9 @@ func (b Bounds) withDefaults() Bounds {
 	}
 	if b.MaxValueLen > 0 {
 		d.MaxValueLen = b.MaxValueLen
+	}
+	if b.MaxRequestSize > 0 {
+		d.MaxRequestSize = b.MaxRequestSize
 	}
 	if b.MaxDomainLen > 0 {
 		d.MaxDomainLen = b.MaxDomainLen
@@ -240,6 +245,9 @@ func toStatus(err error) error {
 // validate checks req against the bounds before anything is counted.
 func (s *Service) validate(req *pb.RateLimitRequest) error {
 	b := s.bounds
+	if n := proto.Size(req); n > b.MaxRequestSize {
+		return invalid("request is %d bytes, more than the bound of %d", n, b.MaxRequestSize)
+	}
 	if req.GetDomain() == "" {
 		return invalid("rate limit domain must not be empty")
 	}

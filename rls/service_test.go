@@ -822,3 +822,19 @@ func BenchmarkShouldRateLimit(b *testing.B) {
 		}
 	})
 }
+
+// A request larger than MaxRequestSize is refused with a message naming the
+// bound, and counts nothing.
+func TestServiceRequestSizeBound(t *testing.T) {
+	h := svNew(t, svSeedConfig, Options{Bounds: Bounds{MaxRequestSize: 100}})
+	ctx := context.Background()
+	small := svReq("ratelimit", 0, svD("remote_address", "10.0.0.1", "PATH", "/a"))
+	if _, err := h.svc.ShouldRateLimit(ctx, small); err != nil {
+		t.Fatalf("small request: %v", err)
+	}
+	big := svReq("ratelimit", 0, svD("remote_address", "10.0.0.2", "PATH", strings.Repeat("x", 200)))
+	_, err := h.svc.ShouldRateLimit(ctx, big)
+	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "bound of 100") {
+		t.Fatalf("big request: %v, want InvalidArgument naming the bound", err)
+	}
+}

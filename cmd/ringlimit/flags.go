@@ -39,6 +39,8 @@ type serveConfig struct {
 	MaxDescriptors  int
 	MaxEntries      int
 	MaxValueLen     int
+	MaxKeyLen       int
+	MaxRequestSize  int
 	ShutdownTimeout time.Duration
 
 	NodeName      string
@@ -136,6 +138,8 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
 	fs.IntVar(&c.MaxEntries, "max-entries", 16, "most entries in one descriptor")
 	fs.IntVar(&c.MaxValueLen, "max-value-len", 1024, "longest descriptor value in bytes")
+	fs.IntVar(&c.MaxKeyLen, "max-key-len", 256, "longest descriptor entry key (and domain) in bytes")
+	fs.IntVar(&c.MaxRequestSize, "max-request-bytes", 256<<10, "largest encoded RLS request in bytes (gRPC and /json)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM may take to drain before exiting")
 	str(&c.NodeName, "node-name", "", "stable identity of this node in the cluster (default: the hostname)", nil)
 	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
@@ -225,8 +229,8 @@ func (c *serveConfig) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("serve: --log-format: unknown format %q (text, json)", c.LogFormat))
 	}
-	if c.MaxKeys < 0 || c.MaxDescriptors < 1 || c.MaxEntries < 1 || c.MaxValueLen < 1 {
-		errs = append(errs, errors.New("serve: --max-keys must be >= 0 and --max-descriptors, --max-entries, --max-value-len >= 1"))
+	if c.MaxKeys < 0 || c.MaxDescriptors < 1 || c.MaxEntries < 1 || c.MaxValueLen < 1 || c.MaxKeyLen < 1 || c.MaxRequestSize < 1 {
+		errs = append(errs, errors.New("serve: --max-keys must be >= 0 and --max-descriptors, --max-entries, --max-value-len, --max-key-len, --max-request-bytes >= 1"))
 	}
 	if c.Replicas < 1 || c.Replicas > cluster.MaxReplicas {
 		errs = append(errs, fmt.Errorf("serve: --replicas: %d is not in [1, %d]", c.Replicas, cluster.MaxReplicas))

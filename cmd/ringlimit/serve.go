@@ -120,7 +120,11 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		counter = node.node // decides each key at its owner
 		members = node.node.Membership()
 	}
-	gs := grpc.NewServer(grpcServerOptions(tlsf, members)...)
+	// gRPC's own receive limit stays above --max-request-bytes, so an
+	// oversized RLS request gets InvalidArgument naming the bound rather
+	// than a bare ResourceExhausted; peer batches are capped far below it.
+	gs := grpc.NewServer(append(grpcServerOptions(tlsf, members),
+		grpc.MaxRecvMsgSize(max(4<<20, 2*c.MaxRequestSize)))...)
 	if node != nil {
 		node.register(gs)
 	}
@@ -134,9 +138,10 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		HeaderLimit:                c.HeaderLimit,
 		HeaderRemaining:            c.HeaderRemaining,
 		HeaderReset:                c.HeaderReset,
-		Bounds:                     rls.Bounds{MaxDescriptors: c.MaxDescriptors, MaxEntries: c.MaxEntries, MaxValueLen: c.MaxValueLen},
-		Clock:                      clock,
-		Logger:                     log,
+		Bounds: rls.Bounds{MaxDescriptors: c.MaxDescriptors, MaxEntries: c.MaxEntries, MaxValueLen: c.MaxValueLen,
+			MaxKeyLen: c.MaxKeyLen, MaxDomainLen: c.MaxKeyLen, MaxRequestSize: c.MaxRequestSize},
+		Clock:  clock,
+		Logger: log,
 	}, counter, metrics)
 	if err != nil {
 		return err
