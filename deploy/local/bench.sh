@@ -152,16 +152,21 @@ echo "servers up: floor $noop_grpc, one node $one_grpc, three nodes ${three_grpc
 targets_floor=$noop_grpc
 targets_one=$one_grpc
 targets_three=$(IFS=,; echo "${three_grpc[*]}")
-labels=("floor (noop RLS)" "one node" "three nodes")
-names=(floor one three)
+# The hot-key row: the three nodes again, every call on one key (over its
+# limit after the first 100 calls of each minute).
+targets_hot=$targets_three
+keys_floor=$KEYS keys_one=$KEYS keys_three=$KEYS keys_hot=1
+labels=("floor (noop RLS)" "one node" "three nodes" "three nodes, 1 key")
+names=(floor one three hot)
 reports=()
 for r in $(seq 1 "$ROUNDS"); do
-	for k in 0 1 2; do
+	for k in 0 1 2 3; do
 		name=${names[$k]}
 		var=targets_$name
+		keysvar=keys_$name
 		f="$OUT/$name-$r.json"
 		printf 'round %d/%d  %-18s ' "$r" "$ROUNDS" "${labels[$k]}"
-		"$BIN" bench --addr "${!var}" -n "$N" -c "$C" --connections "$CONNS" --keys "$KEYS" \
+		"$BIN" bench --addr "${!var}" -n "$N" -c "$C" --connections "$CONNS" --keys "${!keysvar}" \
 			--warmup "$WARMUP" --seed "$r" --label "${labels[$k]}" --json-file "$f" \
 			>"$OUT/$name-$r.txt"
 		grep -E 'Requests/sec|99% in' "$OUT/$name-$r.txt" | tr -s ' \t' ' ' | tr '\n' ' '
@@ -171,9 +176,9 @@ for r in $(seq 1 "$ROUNDS"); do
 done
 stop_all
 
-# Order the table floor, one, three whatever the glob order.
+# Order the table floor, one, three, hot whatever the glob order.
 ordered=()
-for name in floor one three; do
+for name in floor one three hot; do
 	for f in "${reports[@]}"; do
 		case "$f" in */"$name"-*.json) ordered+=("$f") ;; esac
 	done
