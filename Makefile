@@ -29,11 +29,13 @@ test: lint
 FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster:FuzzMshipMeta cluster:FuzzPeerDecode
 FUZZ_N ?= 3000x
 fuzz-short:
-	@set -e; for t in $(FUZZ_TARGETS); do \
+	@set -e; n=0; for t in $(FUZZ_TARGETS); do \
 		pkg=$${t%%:*}; fn=$${t##*:}; \
 		echo "fuzz $$pkg $$fn ($(FUZZ_N))"; \
-		out=$$($(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZ_N) ./$$pkg/ 2>&1) || { echo "$$out"; exit 1; }; \
-	done
+		out=$$($(GO) test -run '^$$' -fuzz "^$$fn\$$" -fuzztime $(FUZZ_N) ./$$pkg/ 2>&1) || { echo "$$out"; echo "fuzz: $$n passed, 1 failed"; exit 1; }; \
+		n=$$((n + 1)); \
+	done; \
+	echo "fuzz: $$n passed, 0 failed"
 
 fuzz:
 	$(MAKE) fuzz-short FUZZ_N=500000x
