@@ -116,6 +116,7 @@ type ForwarderConfig struct {
 type Forwarder struct {
 	self          string
 	local         Applier
+	ac            answerCache // local as an answerCache, or nil
 	owners        Owners
 	clock         func() int64
 	dialOpts      []grpc.DialOption
@@ -177,6 +178,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		probeTimeout:  fwdProbeTimeout,
 		log:           cfg.Logger,
 		start:         time.Now(),
+		ac:            asAnswerCache(cfg.Local),
 	}
 	if f.clock == nil {
 		f.clock = func() int64 { return time.Now().UnixNano() }
@@ -243,8 +245,8 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 			results[i] = f.local.Apply(now, op)
 			continue
 		}
-		if ac, ok := f.local.(answerCache); ok {
-			if r, over := ac.overUntil(now, op); over {
+		if f.ac != nil {
+			if r, over := f.ac.overUntil(now, op); over {
 				results[i] = r
 				f.m.overLocal.Inc()
 				continue
@@ -294,7 +296,7 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 				continue
 			}
 			req = f.getRequest()
-			req.deadline = now + int64(wait)
+			req.deadline, req.wait = now+int64(wait), wait
 		}
 		it := req.add(i, p, op)
 		if ok, closed := p.enqueue(it); !ok {
@@ -341,7 +343,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 	complete := req.pending.Add(-1) == 0 // drop the guard taken by getRequest
 	timedOut := false
 	if !complete && req.n > 0 {
-		req.timer.Reset(f.waitFor(ctx))
+		req.timer.Reset(req.wait)
 		select {
 		case <-req.done:
 			complete = true
@@ -352,7 +354,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 		req.timer.Stop()
 	}
 	forwarded := 0
-	ac, _ := f.local.(answerCache)
+	ac := f.ac
 	var late *peerClient // the last peer noted late: one note per peer per call
 	for _, it := range req.items[:req.n] {
 		i := it.index
@@ -439,10 +441,16 @@ type answerCache interface {
 	overUntil(now int64, op *bucket.Op) (bucket.Result, bool)
 }
 
+// asAnswerCache returns l as an answerCache, or nil when it is not one.
+func asAnswerCache(l Applier) answerCache {
+	ac, _ := l.(answerCache)
+	return ac
+}
+
 // applyInstead decides op with the local store for a key another node owns.
 func (f *Forwarder) applyInstead(now int64, op *bucket.Op) bucket.Result {
-	if ac, ok := f.local.(answerCache); ok {
-		return ac.applyInstead(now, op)
+	if f.ac != nil {
+		return f.ac.applyInstead(now, op)
 	}
 	return f.local.Apply(now, op)
 }
@@ -583,6 +591,8 @@ type fwdRequest struct {
 	// deadline is when the waiter gives up, Unix ns on the entry node's
 	// clock: an owner that reads the batch later must not apply it.
 	deadline int64
+	// wait is how long the waiter waits, read once with deadline.
+	wait time.Duration
 }
 
 func newFwdRequest() *fwdRequest {

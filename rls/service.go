@@ -318,12 +318,14 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	sc.rules = sc.rules[:0]
 	sc.stats = sc.stats[:0]
 	for _, d := range req.Descriptors {
-		r, rs := dom.Match(d.Entries), (*ruleStats)(nil)
-		if r != nil {
-			rs = st.stats[r.Index]
-		}
+		var (
+			r  *Rule
+			rs *ruleStats
+		)
 		if o := d.Limit; o != nil {
 			r, rs = s.overrideRule(req.Domain, d, o)
+		} else if r = dom.Match(d.Entries); r != nil {
+			rs = st.stats[r.Index]
 		}
 		sc.rules = append(sc.rules, r)
 		sc.stats = append(sc.stats, rs)

@@ -216,8 +216,8 @@ func (c *serveConfig) validate() error {
 			errs = append(errs, fmt.Errorf("serve: --%s: %v", a.flag, err))
 		}
 	}
-	if c.NearLimitRatio < 0 || c.NearLimitRatio > 1 {
-		errs = append(errs, fmt.Errorf("serve: --near-limit-ratio: %v is not in [0, 1]", c.NearLimitRatio))
+	if !(c.NearLimitRatio > 0 && c.NearLimitRatio <= 1) { // also refuses NaN
+		errs = append(errs, fmt.Errorf("serve: --near-limit-ratio: %v is not in (0, 1]", c.NearLimitRatio))
 	}
 	switch strings.ToLower(c.LogLevel) {
 	case "debug", "info", "warn", "warning", "error":
