@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -196,17 +197,5 @@ func sameSet(a, b []string) bool {
 // ringSameMembers reports whether two rings place keys identically: rings
 // built with one Config from the same members do.
 func ringSameMembers(a, b *ring.Ring) bool {
-	if a == b {
-		return true
-	}
-	if a.Len() != b.Len() {
-		return false
-	}
-	am, bm := a.Members(), b.Members()
-	for i := range am {
-		if am[i] != bm[i] {
-			return false
-		}
-	}
-	return true
+	return a == b || slices.Equal(a.Members(), b.Members())
 }

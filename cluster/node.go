@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"slices"
 	"sort"
 	"sync"
 	"sync/atomic"
@@ -315,7 +314,7 @@ func (n *Node) rebuildLocked() {
 	}
 	n.fwd.SetPeers(peers)
 	n.members.Set(float64(len(ids)))
-	if !slices.Equal(old.ring.Members(), r.Members()) {
+	if !ringSameMembers(old.ring, r) {
 		n.rebuilds.Inc()
 		n.log.Info("ring rebuilt", "members", ids)
 		select {
