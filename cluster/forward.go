@@ -144,6 +144,9 @@ type Forwarder struct {
 	// process has just been frozen (a Node's pause detector, checked
 	// before its ticker notices); true refuses the batch.
 	stalled func() bool
+	// streamMaxAge is how long the peer server keeps a DecideStream open,
+	// in ns (peerStreamMaxAge; tests shorten it).
+	streamMaxAge atomic.Int64
 
 	mu     sync.Mutex // serialises SetPeers and Close
 	closed bool
@@ -209,6 +212,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		return nil, err
 	}
 	f.reqs.New = func() any { return newFwdRequest() }
+	f.streamMaxAge.Store(int64(peerStreamMaxAge))
 	empty := map[string]*peerClient{}
 	f.peers.Store(&empty)
 	return f, nil
@@ -355,7 +359,8 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 	}
 	forwarded := 0
 	ac := f.ac
-	var late *peerClient // the last peer noted late: one note per peer per call
+	var late *peerClient   // the last peer noted late: one note per peer per call
+	var onTime *peerClient // the last peer noted in time: likewise
 	for _, it := range req.items[:req.n] {
 		i := it.index
 		if !complete && it.state.CompareAndSwap(fwdPending, fwdAbandoned) {
@@ -383,6 +388,10 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 		results[i] = it.res
 		if ac != nil {
 			ac.remember(now, &ops[i], it.res)
+		}
+		if it.peer != onTime {
+			onTime = it.peer
+			onTime.onTime.Store(f.mono())
 		}
 		forwarded++
 	}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -36,8 +37,10 @@ type peerClient struct {
 	done  chan struct{} // closed by close
 	wg    sync.WaitGroup
 
+	unaryOnly    atomic.Bool // the peer has no DecideStream: use Decide
 	suspect      atomic.Bool
 	fails        atomic.Int32  // failures since the last answer
+	onTime       atomic.Int64  // f.mono() when p last answered a waiter in time (0: never)
 	suspectSince atomic.Int64  // f.mono() when suspect was set
 	wake         chan struct{} // capacity 1: wakes the probe
 	closeOnce    sync.Once
@@ -113,12 +116,84 @@ func (p *peerClient) failQueued() {
 	}
 }
 
-// peerSendBuf is one sender's reusable request.
+// peerSendBuf is one sender's reusable request and its stream.
 type peerSendBuf struct {
 	batch []*fwdItem
 	req   peerpb.DecideRequest
 	ops   []peerpb.Op // backing store of req.Ops
 	ptrs  []*peerpb.Op
+
+	// stream is the sender's open DecideStream, or nil; cancel ends it.
+	stream grpc.BidiStreamingClient[peerpb.DecideRequest, peerpb.DecideResponse]
+	cancel context.CancelFunc
+	resp   peerpb.DecideResponse
+}
+
+// dropStream ends b's stream, if any.
+func (b *peerSendBuf) dropStream() {
+	if b.stream != nil {
+		b.cancel()
+		b.stream, b.cancel = nil, nil
+	}
+}
+
+// roundTrip sends b.req and returns the owner's answer: on the sender's
+// DecideStream (opened on first use and again after it ends or fails), or
+// with a Decide call when the owner does not serve DecideStream. The
+// answer is good until the next roundTrip. A refusal the owner reports
+// in-band is returned as the status error Decide would have returned. The
+// call waits at most max(Timeout, fwdMaxWait); a stream that does not
+// answer in that time is ended.
+func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
+	limit := max(p.f.timeout, fwdMaxWait)
+	if p.unaryOnly.Load() {
+		ctx, cancel := context.WithTimeout(p.ctx, limit)
+		defer cancel()
+		return p.client.Decide(ctx, &b.req)
+	}
+	if b.stream == nil {
+		ctx, cancel := context.WithCancel(p.ctx)
+		s, err := p.client.DecideStream(ctx)
+		if err != nil {
+			cancel()
+			return nil, err
+		}
+		b.stream, b.cancel = s, cancel
+	}
+	late := time.AfterFunc(limit, b.cancel)
+	err := b.stream.Send(&b.req)
+	if err == nil {
+		err = b.stream.RecvMsg(&b.resp)
+	} else if errors.Is(err, io.EOF) {
+		// The stream ended; its status comes with the next receive.
+		err = b.stream.RecvMsg(&b.resp)
+		if err == nil {
+			err = status.Error(codes.Internal, "cluster: peer answered a batch it was not sent")
+		}
+	}
+	if !late.Stop() {
+		// The answer was too late: the stream is cancelled, or about to be.
+		b.dropStream()
+		return nil, status.Error(codes.DeadlineExceeded, "cluster: peer did not answer in time")
+	}
+	if err != nil {
+		b.dropStream()
+		if errors.Is(err, io.EOF) {
+			err = status.Error(codes.Unavailable, "cluster: peer ended the stream")
+		}
+		if status.Code(err) == codes.Unimplemented && p.unaryOnly.CompareAndSwap(false, true) {
+			p.f.log.Info("cluster: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
+			return p.roundTrip(b)
+		}
+		return nil, err
+	}
+	if b.resp.GetLast() {
+		b.dropStream()
+	}
+	if c := codes.Code(b.resp.GetCode()); c != codes.OK {
+		return nil, status.Error(c, b.resp.GetMessage())
+	}
+	return &b.resp, nil
 }
 
 // sendLoop takes whatever is queued, up to MaxBatch ops and
@@ -133,6 +208,7 @@ func (p *peerClient) sendLoop() {
 		ptrs:  make([]*peerpb.Op, 0, maxOps),
 	}
 	b.req.From = p.f.self
+	defer b.dropStream()
 	var carry *fwdItem // taken from the queue but did not fit the last batch
 	for {
 		first := carry
@@ -193,10 +269,8 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		return
 	}
 	b.req.Ops = b.ptrs
-	ctx, cancel := context.WithTimeout(p.ctx, max(p.f.timeout, fwdMaxWait))
 	start := time.Now()
-	resp, err := p.client.Decide(ctx, &b.req)
-	cancel()
+	resp, err := p.roundTrip(b)
 	p.f.m.rpcDuration.Observe(time.Since(start).Seconds())
 	p.f.m.batchSize.Observe(float64(len(live)))
 	for i := range b.ops[:len(live)] {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
+	"slices"
 	"time"
 	"unicode/utf8"
 
@@ -66,36 +68,96 @@ type peerServer struct {
 // (DeadlineExceeded) when the sender's deadline has passed by this node's
 // clock: the sender has decided these ops itself by now.
 func (s *peerServer) Decide(ctx context.Context, req *peerpb.DecideRequest) (*peerpb.DecideResponse, error) {
+	out := new(peerpb.DecideResponse)
+	if err := s.decide(ctx, req, out, nil); err != nil {
+		return nil, peerStatus(err)
+	}
+	return out, nil
+}
+
+// peerStreamMaxAge is how long the owner keeps a DecideStream open: it
+// then ends it after an answer, and the sender opens a new one, which the
+// server's interceptors admit again (a node no longer a member loses its
+// stream within this time).
+const peerStreamMaxAge = 30 * time.Second
+
+// DecideStream answers each DecideRequest on the stream as Decide would,
+// one at a time, reporting a refused batch in-band so the stream stays
+// open. Its buffers are reused from batch to batch.
+func (s *peerServer) DecideStream(stream grpc.BidiStreamingServer[peerpb.DecideRequest, peerpb.DecideResponse]) error {
+	ctx := stream.Context()
+	opened := time.Now()
+	maxAge := time.Duration(s.f.streamMaxAge.Load())
+	var (
+		req     peerpb.DecideRequest
+		out     peerpb.DecideResponse
+		results []peerpb.Result
+	)
+	for {
+		if err := stream.RecvMsg(&req); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		out.Results, out.Code, out.Message = out.Results[:0], 0, ""
+		if err := s.decide(ctx, &req, &out, &results); err != nil {
+			st := peerStatus(err)
+			out.Results, out.Code, out.Message = out.Results[:0], uint32(status.Code(st)), status.Convert(st).Message()
+		}
+		out.Last = time.Since(opened) >= maxAge
+		if err := stream.Send(&out); err != nil {
+			return err
+		}
+		clear(out.Results) // do not pin the previous batch's results
+		if out.Last {
+			return nil
+		}
+	}
+}
+
+// decide validates and applies req, appending to out.Results. results is a
+// reusable backing store for the answers (nil: allocate).
+func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out *peerpb.DecideResponse, results *[]peerpb.Result) error {
 	ops := req.GetOps()
 	if err := peerValidateBatch(ops); err != nil {
-		return nil, peerStatus(err)
+		return err
 	}
 	if !s.f.serving() {
 		s.f.m.refused.Add(float64(len(ops)))
-		return nil, peerStatus(errPeerNotServing)
+		return errPeerNotServing
 	}
 	if err := ctx.Err(); err != nil {
 		// The sender has given up and decided these ops itself.
-		return nil, peerStatus(err)
+		return err
 	}
 	now := s.f.clock()
 	if dl := req.GetDeadlineNs(); dl != 0 && now >= dl {
 		s.f.m.expired.Add(float64(len(ops)))
-		return nil, peerStatus(fmt.Errorf("%w: %v past the sender's deadline", errPeerExpired, time.Duration(now-dl)))
+		return fmt.Errorf("%w: %v past the sender's deadline", errPeerExpired, time.Duration(now-dl))
 	}
-	results := make([]peerpb.Result, len(ops))
-	out := &peerpb.DecideResponse{Results: make([]*peerpb.Result, len(ops))}
+	var buf []peerpb.Result
+	if results != nil && cap(*results) >= len(ops) {
+		buf = (*results)[:len(ops)]
+		clear(buf)
+	} else {
+		buf = make([]peerpb.Result, len(ops))
+		if results != nil {
+			*results = buf
+		}
+	}
+	out.Results = slices.Grow(out.Results[:0], len(ops))
 	for i, o := range ops {
 		op := peerOpFromPB(o)
 		r := s.f.local.Apply(now, &op)
-		pr := &results[i]
+		pr := &buf[i]
 		pr.Over = r.Over
 		pr.Count = r.Count
 		pr.Remaining = r.Remaining
 		pr.ResetAfterNs = r.ResetAfter
-		out.Results[i] = pr
+		out.Results = append(out.Results, pr)
 	}
-	return out, nil
+	return nil
 }
 
 // Ping answers with this node's ID, or Unavailable while Decide is refused.

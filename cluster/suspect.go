@@ -23,14 +23,27 @@ import (
 // machine is not a dead peer; a refused connection is (see noteFailure).
 const peerSuspectAfter = 3
 
+// peerQuietFor is how long a peer must also have given no waiter an answer
+// in time before timeouts make it suspect. On a saturated machine a batch
+// that carries many callers' ops can make all of them late at once, while
+// the next batches answer in time: that peer is busy, not gone, and routing
+// around it would cost exactness for nothing. A frozen or dead peer answers
+// nobody, and is suspect after this long.
+const peerQuietFor = 100 * time.Millisecond
+
 // noteFailure counts a failed or late answer and makes p suspect after
 // peerSuspectAfter of them in a row, or at once when the connection itself
 // is refused or broken (codes.Unavailable): a crashed peer costs one
-// timeout, not three. Failures during the grace that follows a freeze of
+// timeout, not three. Timeouts count only once p has answered no waiter in
+// time for peerQuietFor. Failures during the grace that follows a freeze of
 // this process are ignored (see Forwarder.forgive).
 func (p *peerClient) noteFailure(reason string, err error) {
-	if p.f.mono() < p.f.graceUntil.Load() {
+	now := p.f.mono()
+	if now < p.f.graceUntil.Load() {
 		return // this process was frozen: the failure is its own
+	}
+	if t := p.onTime.Load(); reason == "timeout" && t != 0 && time.Duration(now-t) < peerQuietFor {
+		return // late now, but it answered others in time just before
 	}
 	n := p.fails.Add(1)
 	if n >= peerSuspectAfter || status.Code(err) == codes.Unavailable {

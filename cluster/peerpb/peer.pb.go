@@ -202,8 +202,16 @@ func (x *Op) GetBurst() uint64 {
 
 // DecideResponse answers a DecideRequest: results[i] for ops[i].
 type DecideResponse struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	Results       []*Result              `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	state   protoimpl.MessageState `protogen:"open.v1"`
+	Results []*Result              `protobuf:"bytes,1,rep,name=results,proto3" json:"results,omitempty"`
+	// code is a gRPC status code: on DecideStream, a refused batch is
+	// answered with code != 0 (OK), a message and no results. Decide reports
+	// refusals as the call's status instead and leaves these unset.
+	Code    uint32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// last tells a DecideStream sender that the owner ends the stream after
+	// this response: the next batch goes on a new stream.
+	Last          bool `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -243,6 +251,27 @@ func (x *DecideResponse) GetResults() []*Result {
 		return x.Results
 	}
 	return nil
+}
+
+func (x *DecideResponse) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *DecideResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *DecideResponse) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
 }
 
 // Result mirrors bucket.Result.
@@ -734,9 +763,12 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\aunit_ns\x18\x04 \x01(\x03R\x06unitNs\x12\x12\n" +
 	"\x04hits\x18\x05 \x01(\x04R\x04hits\x12\x12\n" +
 	"\x04mode\x18\x06 \x01(\rR\x04mode\x12\x14\n" +
-	"\x05burst\x18\a \x01(\x04R\x05burst\"E\n" +
+	"\x05burst\x18\a \x01(\x04R\x05burst\"\x87\x01\n" +
 	"\x0eDecideResponse\x123\n" +
-	"\aresults\x18\x01 \x03(\v2\x19.ringlimit.peer.v1.ResultR\aresults\"v\n" +
+	"\aresults\x18\x01 \x03(\v2\x19.ringlimit.peer.v1.ResultR\aresults\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x12\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\"v\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04over\x18\x01 \x01(\bR\x04over\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x1c\n" +
@@ -763,9 +795,10 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\"B\n" +
 	"\fSyncResponse\x122\n" +
-	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\xc1\x02\n" +
+	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\x9a\x03\n" +
 	"\x04Peer\x12M\n" +
-	"\x06Decide\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse\x12G\n" +
+	"\x06Decide\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse\x12W\n" +
+	"\fDecideStream\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse(\x010\x01\x12G\n" +
 	"\x04Ping\x12\x1e.ringlimit.peer.v1.PingRequest\x1a\x1f.ringlimit.peer.v1.PingResponse\x12V\n" +
 	"\tReplicate\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse\x12I\n" +
 	"\x04Sync\x12\x1e.ringlimit.peer.v1.SyncRequest\x1a\x1f.ringlimit.peer.v1.SyncResponse0\x01B/Z-github.com/ringlimit/ringlimit/cluster/peerpbb\x06proto3"
@@ -802,15 +835,17 @@ var file_cluster_peerpb_peer_proto_depIdxs = []int32{
 	6,  // 2: ringlimit.peer.v1.ReplicateRequest.entries:type_name -> ringlimit.peer.v1.Entry
 	6,  // 3: ringlimit.peer.v1.SyncResponse.entries:type_name -> ringlimit.peer.v1.Entry
 	0,  // 4: ringlimit.peer.v1.Peer.Decide:input_type -> ringlimit.peer.v1.DecideRequest
-	4,  // 5: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
-	7,  // 6: ringlimit.peer.v1.Peer.Replicate:input_type -> ringlimit.peer.v1.ReplicateRequest
-	9,  // 7: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
-	2,  // 8: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
-	5,  // 9: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
-	8,  // 10: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
-	10, // 11: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
-	8,  // [8:12] is the sub-list for method output_type
-	4,  // [4:8] is the sub-list for method input_type
+	0,  // 5: ringlimit.peer.v1.Peer.DecideStream:input_type -> ringlimit.peer.v1.DecideRequest
+	4,  // 6: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
+	7,  // 7: ringlimit.peer.v1.Peer.Replicate:input_type -> ringlimit.peer.v1.ReplicateRequest
+	9,  // 8: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
+	2,  // 9: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
+	2,  // 10: ringlimit.peer.v1.Peer.DecideStream:output_type -> ringlimit.peer.v1.DecideResponse
+	5,  // 11: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
+	8,  // 12: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
+	10, // 13: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
+	9,  // [9:14] is the sub-list for method output_type
+	4,  // [4:9] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name

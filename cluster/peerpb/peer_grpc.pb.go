@@ -28,10 +28,11 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Decide_FullMethodName    = "/ringlimit.peer.v1.Peer/Decide"
-	Peer_Ping_FullMethodName      = "/ringlimit.peer.v1.Peer/Ping"
-	Peer_Replicate_FullMethodName = "/ringlimit.peer.v1.Peer/Replicate"
-	Peer_Sync_FullMethodName      = "/ringlimit.peer.v1.Peer/Sync"
+	Peer_Decide_FullMethodName       = "/ringlimit.peer.v1.Peer/Decide"
+	Peer_DecideStream_FullMethodName = "/ringlimit.peer.v1.Peer/DecideStream"
+	Peer_Ping_FullMethodName         = "/ringlimit.peer.v1.Peer/Ping"
+	Peer_Replicate_FullMethodName    = "/ringlimit.peer.v1.Peer/Replicate"
+	Peer_Sync_FullMethodName         = "/ringlimit.peer.v1.Peer/Sync"
 )
 
 // PeerClient is the client API for Peer service.
@@ -46,6 +47,16 @@ type PeerClient interface {
 	// ops[i]. A batch with any invalid op fails with INVALID_ARGUMENT and
 	// applies nothing.
 	Decide(ctx context.Context, in *DecideRequest, opts ...grpc.CallOption) (*DecideResponse, error)
+	// DecideStream is Decide on a long-lived stream, which costs an entry
+	// node far less per batch than a call: the sender sends one request,
+	// waits for its one response, and only then sends the next. A batch the
+	// owner refuses (INVALID_ARGUMENT, UNAVAILABLE while it re-syncs,
+	// DEADLINE_EXCEEDED past the sender's deadline) is answered in-band with
+	// code and message, and the stream stays open. The owner may end the
+	// stream after a response with last set (it does so periodically, so
+	// that each stream is admitted again); the sender then opens a new one.
+	// A sender that gets UNIMPLEMENTED (an older owner) uses Decide.
+	DecideStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DecideRequest, DecideResponse], error)
 	// Ping answers as soon as the node can serve Decide. Used to clear the
 	// suspicion on a peer that failed to answer. A node that refuses Decide
 	// (it is re-syncing its counters) refuses Ping too, with UNAVAILABLE.
@@ -86,6 +97,19 @@ func (c *peerClient) Decide(ctx context.Context, in *DecideRequest, opts ...grpc
 	return out, nil
 }
 
+func (c *peerClient) DecideStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DecideRequest, DecideResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_DecideStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[DecideRequest, DecideResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_DecideStreamClient = grpc.BidiStreamingClient[DecideRequest, DecideResponse]
+
 func (c *peerClient) Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
 	out := new(PingResponse)
@@ -108,7 +132,7 @@ func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts .
 
 func (c *peerClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SyncResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[0], Peer_Sync_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[1], Peer_Sync_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -137,6 +161,16 @@ type PeerServer interface {
 	// ops[i]. A batch with any invalid op fails with INVALID_ARGUMENT and
 	// applies nothing.
 	Decide(context.Context, *DecideRequest) (*DecideResponse, error)
+	// DecideStream is Decide on a long-lived stream, which costs an entry
+	// node far less per batch than a call: the sender sends one request,
+	// waits for its one response, and only then sends the next. A batch the
+	// owner refuses (INVALID_ARGUMENT, UNAVAILABLE while it re-syncs,
+	// DEADLINE_EXCEEDED past the sender's deadline) is answered in-band with
+	// code and message, and the stream stays open. The owner may end the
+	// stream after a response with last set (it does so periodically, so
+	// that each stream is admitted again); the sender then opens a new one.
+	// A sender that gets UNIMPLEMENTED (an older owner) uses Decide.
+	DecideStream(grpc.BidiStreamingServer[DecideRequest, DecideResponse]) error
 	// Ping answers as soon as the node can serve Decide. Used to clear the
 	// suspicion on a peer that failed to answer. A node that refuses Decide
 	// (it is re-syncing its counters) refuses Ping too, with UNAVAILABLE.
@@ -169,6 +203,9 @@ type UnimplementedPeerServer struct{}
 
 func (UnimplementedPeerServer) Decide(context.Context, *DecideRequest) (*DecideResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Decide not implemented")
+}
+func (UnimplementedPeerServer) DecideStream(grpc.BidiStreamingServer[DecideRequest, DecideResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method DecideStream not implemented")
 }
 func (UnimplementedPeerServer) Ping(context.Context, *PingRequest) (*PingResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Ping not implemented")
@@ -217,6 +254,13 @@ func _Peer_Decide_Handler(srv interface{}, ctx context.Context, dec func(interfa
 	}
 	return interceptor(ctx, in, info, handler)
 }
+
+func _Peer_DecideStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).DecideStream(&grpc.GenericServerStream[DecideRequest, DecideResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_DecideStreamServer = grpc.BidiStreamingServer[DecideRequest, DecideResponse]
 
 func _Peer_Ping_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
 	in := new(PingRequest)
@@ -286,6 +330,12 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		},
 	},
 	Streams: []grpc.StreamDesc{
+		{
+			StreamName:    "DecideStream",
+			Handler:       _Peer_DecideStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
 		{
 			StreamName:    "Sync",
 			Handler:       _Peer_Sync_Handler,
