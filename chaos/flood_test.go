@@ -162,7 +162,7 @@ func TestFloodDistinctKeys(t *testing.T) {
 	if o := over.Load(); o > 0 {
 		t.Errorf("%d calls over limit: every key is new, each should be allowed", o)
 	}
-	if err := n.WaitReady(5 * time.Second); err != nil {
+	if err := n.WaitReady(20 * time.Second); err != nil {
 		t.Fatalf("unhealthy after the flood: %v", err)
 	}
 	after, err := rssBytes(n.PID())

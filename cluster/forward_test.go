@@ -227,6 +227,10 @@ func fwdReadCounts(t testing.TB, reg *prometheus.Registry) fwdCounts {
 	return c
 }
 
+// fwdWait bounds a wait for what takes milliseconds on an idle machine:
+// generous, as a busy -race run stalls for seconds at times.
+const fwdWait = 20 * time.Second
+
 // fwdWaitFor polls cond until it holds or d passes.
 func fwdWaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
 	t.Helper()
@@ -537,7 +541,7 @@ func TestForwardCloseJoins(t *testing.T) {
 		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
 		done <- res[0]
 	}()
-	fwdWaitFor(t, 10*time.Second, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
+	fwdWaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
 	if err := a.f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -546,7 +550,7 @@ func TestForwardCloseJoins(t *testing.T) {
 		if r.ResetAfter != a.now {
 			t.Errorf("in-flight op after Close: %+v, want a local decision", r)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(fwdWait):
 		t.Fatal("Apply still waiting after Close")
 	}
 	if got := a.f.Suspects(); len(got) != 0 {
@@ -576,14 +580,14 @@ func TestForwardContextCancel(t *testing.T) {
 		a.f.Apply(ctx, a.now, []bucket.Op{fwdOp("b/1"), fwdOp("a/1")}, res)
 		done <- res[0]
 	}()
-	fwdWaitFor(t, 10*time.Second, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
+	fwdWaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
 	cancel()
 	select {
 	case r := <-done:
 		if r.ResetAfter != a.now {
 			t.Errorf("cancelled op: %+v, want a local decision", r)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(fwdWait):
 		t.Fatal("Apply ignored its context")
 	}
 	if got := a.f.Suspects(); len(got) != 0 {

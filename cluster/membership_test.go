@@ -15,10 +15,12 @@ import (
 )
 
 // Timing on these machines with Preset "local": a join takes ~0.1 s, a
-// graceful leave is seen in well under a second, a crash in 3-5 s.
+// graceful leave is seen in well under a second, a crash in 3-5 s. The
+// bounds are far above that: a busy 2-core -race run stalls goroutines for
+// seconds at times, and a bound costs nothing when the wait succeeds early.
 const (
-	mshipQuick  = 5 * time.Second  // joins, leaves, metadata
-	mshipDetect = 20 * time.Second // failure detection
+	mshipQuick  = 15 * time.Second // joins, leaves, metadata
+	mshipDetect = 30 * time.Second // failure detection
 )
 
 // mshipWaitFor polls cond every 10ms until it holds, failing the test after d.
@@ -381,7 +383,7 @@ func TestMembershipRestartSameID(t *testing.T) {
 
 	start := time.Now()
 	b2 := mshipStart(t, n, "b", []string{a.Self().Addr}, rejoin)
-	mshipWaitFor(t, 2*time.Second, "the restarted b to join", b2.Joined)
+	mshipWaitFor(t, mshipQuick, "the restarted b to join", b2.Joined)
 	nw := b2.Self()
 	if nw.Name == old.Name || nw.Started <= old.Started {
 		t.Fatalf("restart reused name or start: old %+v new %+v", old, nw)
@@ -531,8 +533,12 @@ func TestMembershipIgnoresUndecodableMetadata(t *testing.T) {
 	announce := func(meta []byte) {
 		t.Helper()
 		d.meta.Store(&meta)
+		// UpdateNode's error only says that it stopped waiting for the
+		// broadcast (its notify channel is unbuffered, so it can miss the
+		// end on a busy machine); the update is gossiped anyway, and the
+		// waits below check what a received.
 		if err := stranger.UpdateNode(time.Second); err != nil {
-			t.Fatal(err)
+			t.Logf("UpdateNode: %v", err)
 		}
 	}
 	announce([]byte("still garbage"))
@@ -728,8 +734,20 @@ func TestMembershipSetReady(t *testing.T) {
 	if readyOf(b.Alive(), "a") || a.Self().Ready {
 		t.Fatal("a is ready before SetReady")
 	}
+	// SetReady's wait for memberlist's broadcast can time out on a busy
+	// machine (memberlist's notify channel is unbuffered: the end of the
+	// broadcast can be missed); the update is still gossiped, which the
+	// wait below checks. Any other error fails the test.
+	setReady := func(want bool) error {
+		err := a.SetReady(want)
+		if err != nil && strings.Contains(err.Error(), "timeout waiting for update broadcast") {
+			t.Logf("SetReady(%v): %v", want, err)
+			return nil
+		}
+		return err
+	}
 	for _, want := range []bool{true, false, true} {
-		if err := a.SetReady(want); err != nil {
+		if err := setReady(want); err != nil {
 			t.Fatalf("SetReady(%v): %v", want, err)
 		}
 		if a.Self().Ready != want {

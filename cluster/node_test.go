@@ -53,12 +53,21 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 			RejoinInterval: time.Hour,
 			Preset:         "local",
 		},
-		Store:      tn.store,
-		Timeout:    time.Second, // exactness must not depend on a busy -race run
-		SuspectFor: 500 * time.Millisecond,
-		Registerer: tn.reg,
-		Logger:     slog.New(tn.logs),
-		monoClock:  func() time.Duration { return time.Duration(tn.mono.Load()) },
+		Store: tn.store,
+		// Exactness must not depend on a busy -race run: an owner that
+		// answers late is decided around, so wait long for it (a crashed
+		// peer refuses connections and fails at once, not after Timeout).
+		Timeout: 5 * time.Second,
+		// A crashed peer stays bypassed until the ring drops it, however
+		// long the test takes between two hits; a live one is cleared by
+		// the first probe it answers.
+		SuspectFor: time.Minute,
+		// A sync cut short leaves a joining node ready without the keys
+		// its tests check.
+		SyncTimeout: 10 * time.Second,
+		Registerer:  tn.reg,
+		Logger:      slog.New(tn.logs),
+		monoClock:   func() time.Duration { return time.Duration(tn.mono.Load()) },
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -137,9 +146,16 @@ func nodeByID(nodes []*nodeTestNode, id string) *nodeTestNode {
 	return nil
 }
 
-// nodeHourOp is one consuming hit under a roomy hourly limit.
-func nodeHourOp(key string) bucket.Op {
-	return bucket.Op{Key: []byte(key), Limit: bucket.Limit{Requests: 1 << 40, Unit: int64(time.Hour)}, Hits: 1}
+// nodeUnit is the window of the limits these tests count under in real
+// time (time.Now): a day, so that counts taken over the seconds a test runs
+// (a crash and its detection, a drain, a join) almost never straddle a
+// window edge (midnight UTC); an hour's edge would meet a 10 s test once in
+// 360 runs.
+const nodeUnit = 24 * time.Hour
+
+// nodeDayOp is one consuming hit under a roomy daily limit.
+func nodeDayOp(key string) bucket.Op {
+	return bucket.Op{Key: []byte(key), Limit: bucket.Limit{Requests: 1 << 40, Unit: int64(nodeUnit)}, Hits: 1}
 }
 
 // nodeHit applies hits to key through n, each as its own call.
@@ -147,7 +163,7 @@ func nodeHit(t *testing.T, n *nodeTestNode, key string, hits int) bucket.Result 
 	t.Helper()
 	var res [1]bucket.Result
 	for range hits {
-		ops := []bucket.Op{nodeHourOp(key)}
+		ops := []bucket.Op{nodeDayOp(key)}
 		n.node.Apply(context.Background(), time.Now().UnixNano(), ops, res[:])
 	}
 	return res[0]
@@ -461,7 +477,7 @@ func TestNodeDecideRightAfterThawRefused(t *testing.T) {
 func TestNodeApplyZeroAllocs(t *testing.T) {
 	a := nodeStart(t, "a", nil, nil)
 	nodeWaitRing(t, []*nodeTestNode{a}, []*nodeTestNode{a})
-	ops := []bucket.Op{nodeHourOp("alloc-key")}
+	ops := []bucket.Op{nodeDayOp("alloc-key")}
 	res := make([]bucket.Result, 1)
 	ctx := context.Background()
 	now := time.Now().UnixNano()
@@ -490,15 +506,15 @@ func TestNodeAlgorithmsOverTheWire(t *testing.T) {
 			}
 		}
 	}
-	hour := int64(time.Hour)
+	unit := int64(nodeUnit)
 	tests := []struct {
 		name    string
 		lim     bucket.Limit
 		allowed int // hits allowed in a row from zero
 	}{
-		{"token bucket burst", bucket.Limit{Algorithm: bucket.TokenBucket, Requests: 1, Unit: hour, Burst: 5}, 5},
-		{"sliding window", bucket.Limit{Algorithm: bucket.SlidingWindow, Requests: 4, Unit: hour}, 4},
-		{"fixed window", bucket.Limit{Requests: 3, Unit: hour}, 3},
+		{"token bucket burst", bucket.Limit{Algorithm: bucket.TokenBucket, Requests: 1, Unit: unit, Burst: 5}, 5},
+		{"sliding window", bucket.Limit{Algorithm: bucket.SlidingWindow, Requests: 4, Unit: unit}, 4},
+		{"fixed window", bucket.Limit{Requests: 3, Unit: unit}, 3},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -27,10 +27,10 @@ func peerTestClient(t *testing.T, n *fwdTestNode) peerpb.PeerClient {
 	return peerpb.NewPeerClient(conn)
 }
 
-// peerValidPB is a valid op on an hour's window, so counts taken over several
-// calls in real time do not straddle a window edge.
+// peerValidPB is a valid op on a day's window (nodeUnit), so counts taken
+// over several calls in real time do not straddle a window edge.
 func peerValidPB(key string) *peerpb.Op {
-	return &peerpb.Op{Key: []byte(key), Requests: 10, UnitNs: int64(time.Hour), Hits: 1}
+	return &peerpb.Op{Key: []byte(key), Requests: 10, UnitNs: int64(nodeUnit), Hits: 1}
 }
 
 func TestPeerServerDecide(t *testing.T) {
@@ -239,5 +239,5 @@ func TestPeerServerRefusesWhileNotServing(t *testing.T) {
 		t.Fatalf("suspects %v, want [b]", got)
 	}
 	b.f.setServing(true)
-	fwdWaitFor(t, 5*time.Second, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
+	fwdWaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
 }

@@ -24,14 +24,14 @@ import (
 	"github.com/ringlimit/ringlimit/ring"
 )
 
-// replHour is the start of the current hour window (Unix ns).
-func replHour() int64 {
+// replWindow is the start of the current nodeUnit window (Unix ns).
+func replWindow() int64 {
 	now := time.Now().UnixNano()
-	return now - now%int64(time.Hour)
+	return now - now%int64(nodeUnit)
 }
 
 func replEntry(key string, count uint64) *peerpb.Entry {
-	return &peerpb.Entry{Key: []byte(key), WindowNs: replHour(), UnitNs: int64(time.Hour), Count: count}
+	return &peerpb.Entry{Key: []byte(key), WindowNs: replWindow(), UnitNs: int64(nodeUnit), Count: count}
 }
 
 // replDial returns a Peer client of the node n.
@@ -64,10 +64,10 @@ func TestReplicateValidation(t *testing.T) {
 	}
 
 	// Every algorithm's whole state is merged.
-	w := replHour()
+	w := replWindow()
 	for _, st := range []bucket.State{
-		{Algorithm: bucket.SlidingWindow, Window: w, Unit: int64(time.Hour), Count: 3, Prev: 9},
-		{Algorithm: bucket.TokenBucket, Unit: int64(time.Hour), TAT: time.Now().UnixNano() + int64(time.Minute)},
+		{Algorithm: bucket.SlidingWindow, Window: w, Unit: int64(nodeUnit), Count: 3, Prev: 9},
+		{Algorithm: bucket.TokenBucket, Unit: int64(nodeUnit), TAT: time.Now().UnixNano() + int64(time.Minute)},
 	} {
 		key := "algo-" + st.Algorithm.String()
 		e := &peerpb.Entry{Key: []byte(key), Algorithm: uint32(st.Algorithm), WindowNs: st.Window, UnitNs: st.Unit, Count: st.Count, Prev: st.Prev, TatNs: st.TAT}
@@ -310,7 +310,7 @@ func TestReplicatorCoalescesAndRetries(t *testing.T) {
 	if err := r.flush(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	fwdWaitFor(t, 5*time.Second, "b's retries to succeed", func() bool {
+	fwdWaitFor(t, fwdWait, "b's retries to succeed", func() bool {
 		_, calls := peers["b"].state("")
 		return calls > 2
 	})
