@@ -116,6 +116,7 @@ healthy() { http_get "$1" /healthcheck | grep -q .; }
 noop_grpc=127.0.0.1:$(free_port)
 "$BIN" bench --noop-server "$noop_grpc" >"$OUT/noop.log" 2>&1 &
 pids+=($!)
+pids_floor=$!
 
 one_grpc=127.0.0.1:$(free_port)
 one_http=127.0.0.1:$(free_port)
@@ -124,6 +125,7 @@ one_debug=127.0.0.1:$(free_port)
 	--grpc-addr "$one_grpc" --http-addr "$one_http" --debug-addr "$one_debug" \
 	>"$OUT/one.log" 2>&1 &
 pids+=($!)
+pids_one=$!
 
 three_grpc=() three_http=() three_debug=() three_gossip=()
 for i in 0 1 2; do
@@ -139,7 +141,9 @@ for i in 0 1 2; do
 		--debug-addr "${three_debug[$i]}" --gossip-addr "${three_gossip[$i]}" --join "$join" \
 		>"$OUT/three-$i.log" 2>&1 &
 	pids+=($!)
+	pids_three="${pids_three:-}${pids_three:+ }$!"
 done
+pids_hot=$pids_three
 
 wait_until 10 "noop server" port_open "${noop_grpc##*:}"
 wait_until 10 "one node" healthy "$one_http"
@@ -147,6 +151,14 @@ for i in 0 1 2; do
 	wait_until 20 "node bench-$i (ring of 3)" ring_is "${three_debug[$i]}" 3
 done
 echo "servers up: floor $noop_grpc, one node $one_grpc, three nodes ${three_grpc[*]}"
+
+# cpu_ticks PID...: user+system CPU the processes have used, in clock ticks.
+cpu_ticks() {
+	local pid t=0
+	for pid in "$@"; do t=$((t + $(awk '{print $14 + $15}' "/proc/$pid/stat" 2>/dev/null || echo 0))); done
+	echo "$t"
+}
+TCK=$(getconf CLK_TCK 2>/dev/null || echo 100)
 
 # --- load: rounds interleave the setups so drift hits each alike ------------
 targets_floor=$noop_grpc
@@ -166,9 +178,22 @@ for r in $(seq 1 "$ROUNDS"); do
 		keysvar=keys_$name
 		f="$OUT/$name-$r.json"
 		printf 'round %d/%d  %-18s ' "$r" "$ROUNDS" "${labels[$k]}"
+		# The warmup runs on its own, so that the servers' CPU is read
+		# around the measured calls only.
+		if [ "$WARMUP" != 0 ] && [ "$WARMUP" != 0s ]; then
+			"$BIN" bench --addr "${!var}" -z "$WARMUP" -c "$C" --connections "$CONNS" --keys "${!keysvar}" \
+				--seed "$((r + 1000))" >/dev/null
+		fi
+		pidvar=pids_$name
+		# shellcheck disable=SC2086 # a list of PIDs
+		t0=$(cpu_ticks ${!pidvar})
 		"$BIN" bench --addr "${!var}" -n "$N" -c "$C" --connections "$CONNS" --keys "${!keysvar}" \
-			--warmup "$WARMUP" --seed "$r" --label "${labels[$k]}" --json-file "$f" \
+			--seed "$r" --label "${labels[$k]}" --json-file "$f" \
 			>"$OUT/$name-$r.txt"
+		# shellcheck disable=SC2086
+		t1=$(cpu_ticks ${!pidvar})
+		# Server CPU per measured call.
+		echo "$name $(awk -v d=$((t1 - t0)) -v tck="$TCK" -v n="$N" 'BEGIN { printf "%.1f", d / tck * 1e6 / n }')" >>"$OUT/cpu.txt"
 		grep -E 'Requests/sec|99% in' "$OUT/$name-$r.txt" | tr -s ' \t' ' ' | tr '\n' ' '
 		echo
 		reports+=("$f")
@@ -187,6 +212,7 @@ echo
 echo "End to end on loopback, c=$C, $N calls per run, median of $ROUNDS runs (reports in $OUT):"
 "$BIN" bench --compare "$(IFS=,; echo "${ordered[*]}")" | tee "$OUT/table.txt"
 echo "load after the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" | tee -a "$OUT/machine.txt"
+
 
 # Issue 5's targets, read off the table (columns: x floor = $4, p99 x = $8 after the label).
 awk -v one="one node" -v three="three nodes" -v hot="three nodes, 1 key" '
@@ -210,6 +236,25 @@ awk -v one="one node" -v three="three nodes" -v hot="three nodes, 1 key" '
 			printf "target three nodes >= 0.75x floor calls/s: %.2fx %s\n", xf, (xf >= 0.75 ? "met" : "MISSED")
 		}
 	}' "$OUT/table.txt" | tee -a "$OUT/table.txt"
+
+# Server CPU per call (all of a setup's server processes, user + system,
+# median over the rounds): unlike calls/s it does not depend on how busy the
+# rest of the machine was, so it says where the cost is on a shared machine.
+echo
+echo "server CPU per call (median of $ROUNDS runs; the load tool's own CPU is not included):"
+median_cpu() {
+	awk -v n="$1" '$1 == n { v[++c] = $2 }
+		END {
+			if (c == 0) exit
+			for (i = 2; i <= c; i++) for (j = i; j > 1 && v[j] < v[j - 1]; j--) { t = v[j]; v[j] = v[j - 1]; v[j - 1] = t }
+			print v[int((c + 1) / 2)]
+		}' "$OUT/cpu.txt"
+}
+floor_cpu=$(median_cpu floor)
+for k in 0 1 2 3; do
+	awk -v l="${labels[$k]}" -v v="$(median_cpu "${names[$k]}")" -v f="$floor_cpu" \
+		'BEGIN { printf "  %-20s %7.1f us  %5.2fx floor\n", l, v, (f > 0 ? v / f : 0) }'
+done | tee -a "$OUT/table.txt"
 
 # --- Go micro-benchmarks -----------------------------------------------------
 if [ "$MICRO" != 0 ]; then
