@@ -7,7 +7,7 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.buildVersion=$(VERSION)
 IMAGE    ?= ghcr.io/ringlimit/ringlimit
 
-.PHONY: all build run test lint vet fmt fuzz-short fuzz chaos bench proto image clean
+.PHONY: all build run test allocs lint vet fmt fuzz-short fuzz chaos bench proto image clean
 
 all: build
 
@@ -19,10 +19,17 @@ run: build
 	./deploy/local/run-cluster.sh $(BIN)
 
 # vet + gofmt + race-enabled tests of every package (incl. the short chaos
-# suite and the allocation tests). Budget: well under 10 minutes on 2 cores.
+# suite), the allocation tests (without -race, which changes allocation
+# counts) and a short fuzz run. Budget: well under 10 minutes on 2 cores.
 test: lint
 	$(GO) test -race -count=1 -timeout 9m $(PKGS)
+	$(MAKE) --no-print-directory allocs
 	$(MAKE) --no-print-directory fuzz-short
+
+# The testing.AllocsPerRun tests (every Test*Alloc*), without the race
+# detector: the hot path allocates nothing beyond gRPC's own messages.
+allocs:
+	$(GO) test -count=1 -run 'Alloc' ./bucket/ ./ring/ ./rls/ ./cluster/
 
 # Every fuzz target for a bounded number of inputs (a count, not a time:
 # go1.26's -fuzztime with a duration can fail spuriously, golang/go#75804).

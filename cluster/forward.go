@@ -703,12 +703,12 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 		}, []string{"reason"}),
 		rpcDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ringlimit_peer_rpc_duration_seconds",
-			Help:    "Duration of Decide RPCs to peers, errors included.",
+			Help:    "Duration of Decide round trips to peers (one batch on a DecideStream, or a Decide call), errors included.",
 			Buckets: prometheus.ExponentialBucketsRange(50e-6, 50e-3, 11),
 		}),
 		batchSize: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "ringlimit_peer_batch_size",
-			Help:    "Ops per Decide RPC sent to a peer.",
+			Help:    "Ops per Decide batch sent to a peer.",
 			Buckets: prometheus.ExponentialBuckets(1, 2, bits.Len(uint(maxBatch-1))+1),
 		}),
 	}
@@ -735,19 +735,18 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 	return m
 }
 
+// collectors lists every metric.
+func (m fwdMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal}
+}
+
 // register registers every metric on r, or none of them.
 func (m fwdMetrics) register(r prometheus.Registerer) error {
 	if r == nil {
 		return nil
 	}
-	cs := []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal}
-	for i, c := range cs {
-		if err := r.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				r.Unregister(done)
-			}
-			return fmt.Errorf("cluster: forwarder: register metrics: %w", err)
-		}
+	if err := registerAll(r, m.collectors()...); err != nil {
+		return fmt.Errorf("cluster: forwarder: register metrics: %w", err)
 	}
 	return nil
 }

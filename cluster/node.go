@@ -199,11 +199,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
-		if cfg.Registerer != nil {
-			for _, c := range append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...) {
-				cfg.Registerer.Unregister(c)
-			}
-		}
+		n.unregister(cfg.Registerer)
 		return nil, err
 	}
 	n.dialOpts = n.fwd.dialOpts
@@ -235,6 +231,12 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 			n.repl.close()
 		}
 		n.fwd.Close()
+		n.unregister(cfg.Registerer)
+		if cfg.Registerer != nil {
+			for _, c := range n.fwd.m.collectors() {
+				cfg.Registerer.Unregister(c)
+			}
+		}
 		return nil, err
 	}
 	n.wg.Add(2)
@@ -247,6 +249,18 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
+// unregister removes the node's own metrics from reg (nil: nothing), so
+// that a NewNode that failed can be retried on the same registry.
+func (n *Node) unregister(reg prometheus.Registerer) {
+	if reg == nil {
+		return
+	}
+	for _, c := range append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...) {
+		reg.Unregister(c)
+	}
+}
+
+// registerAll registers every collector on reg, or none of them.
 func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	for i, c := range cs {
 		if err := reg.Register(c); err != nil {

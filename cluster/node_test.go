@@ -204,6 +204,27 @@ func TestNodeConfigErrors(t *testing.T) {
 	}
 }
 
+// A NewNode that fails once its metrics are registered (here: in
+// NewMembership) leaves the registry as it found it, so a retry succeeds.
+func TestNodeFailedStartUnregisters(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	store := bucket.NewStore(bucket.StoreConfig{})
+	mc := MembershipConfig{ID: "a", GRPCAddr: "127.0.0.1:1", BindAddr: "127.0.0.1:0", Preset: "no-such-preset"}
+	if n, err := NewNode(NodeConfig{Membership: mc, Store: store, Registerer: reg}); err == nil {
+		n.Close()
+		t.Fatal("NewNode with an unknown preset succeeded")
+	}
+	if mfs, err := reg.Gather(); err != nil || len(mfs) != 0 {
+		t.Fatalf("after a failed NewNode the registry holds %d families (err %v), want 0", len(mfs), err)
+	}
+	mc.Preset = "local"
+	n, err := NewNode(NodeConfig{Membership: mc, Store: store, Registerer: reg})
+	if err != nil {
+		t.Fatalf("NewNode on the same registry after a failure: %v", err)
+	}
+	n.Close()
+}
+
 // A lone node (no peers to sync from) is ready at once and decides every
 // key itself.
 func TestNodeAloneIsReady(t *testing.T) {

@@ -126,6 +126,15 @@ type Service struct {
 type configState struct {
 	cfg   *Config
 	stats []*ruleStats // by Rule.Index
+	// overrides holds, by domain, the stats and stat key that request-level
+	// limit overrides are counted under, built once per config.
+	overrides map[string]overrideStats
+}
+
+// overrideStats is where a domain's request-level limit overrides count.
+type overrideStats struct {
+	statKey string
+	stats   *ruleStats
 }
 
 // NewService returns a service deciding with counter and reporting to
@@ -175,9 +184,12 @@ func NewService(opt Options, counter Counter, metrics *Metrics) (*Service, error
 // SetConfig makes cfg the configuration every following request sees, and
 // counts a successful load.
 func (s *Service) SetConfig(cfg *Config) {
-	st := &configState{cfg: cfg, stats: make([]*ruleStats, len(cfg.Rules()))}
+	st := &configState{cfg: cfg, stats: make([]*ruleStats, len(cfg.Rules())), overrides: map[string]overrideStats{}}
 	for _, r := range cfg.Rules() {
 		st.stats[r.Index] = s.metrics.rule(r)
+	}
+	for _, d := range cfg.Domains() {
+		st.overrides[d] = overrideStats{statKey: d + ".override", stats: s.metrics.override(d)}
 	}
 	s.state.Store(st)
 	s.metrics.configLoadSuccess.Inc()
@@ -198,13 +210,14 @@ func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g
 
 // requestScratch holds one request's working memory, pooled.
 type requestScratch struct {
-	rules   []*Rule
-	stats   []*ruleStats
-	idx     []int // descriptor index of each op
-	ops     []bucket.Op
-	results []bucket.Result
-	keys    []byte
-	offs    []int // key offsets into keys
+	rules     []*Rule
+	overrides []Rule // request-level limit overrides, by descriptor index
+	stats     []*ruleStats
+	idx       []int // descriptor index of each op
+	ops       []bucket.Op
+	results   []bucket.Result
+	keys      []byte
+	offs      []int // key offsets into keys
 }
 
 // ShouldRateLimit implements the RLS v3 service.
@@ -317,13 +330,17 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	defer s.scratch.Put(sc)
 	sc.rules = sc.rules[:0]
 	sc.stats = sc.stats[:0]
-	for _, d := range req.Descriptors {
+	if cap(sc.overrides) < n {
+		sc.overrides = make([]Rule, n) // sized before any is pointed to
+	}
+	sc.overrides = sc.overrides[:n]
+	for i, d := range req.Descriptors {
 		var (
 			r  *Rule
 			rs *ruleStats
 		)
 		if o := d.Limit; o != nil {
-			r, rs = s.overrideRule(req.Domain, d, o)
+			r, rs = &sc.overrides[i], st.overrideRule(&sc.overrides[i], req.Domain, o)
 		} else if r = dom.Match(d.Entries); r != nil {
 			rs = st.stats[r.Index]
 		}
@@ -477,18 +494,20 @@ func (s *Service) dropReplaced(rules []*Rule) {
 	}
 }
 
-// overrideRule builds the rule for a request-level limit override (Envoy's
-// `limit` on a descriptor). It is counted under the stat key "override".
-func (s *Service) overrideRule(domain string, d *rlv3.RateLimitDescriptor, o *rlv3.RateLimitDescriptor_RateLimitOverride) (*Rule, *ruleStats) {
+// overrideRule fills r with the rule for a request-level limit override
+// (Envoy's `limit` on a descriptor) in a known domain, and returns the
+// stats it is counted under (the stat key "override"). It allocates nothing.
+func (st *configState) overrideRule(r *Rule, domain string, o *rlv3.RateLimitDescriptor_RateLimitOverride) *ruleStats {
 	u, _ := overrideUnit(o) // validated
-	r := &Rule{
+	os := st.overrides[domain]
+	*r = Rule{
 		Domain:          domain,
-		StatKey:         domain + ".override",
+		StatKey:         os.statKey,
 		Unit:            u,
 		RequestsPerUnit: o.RequestsPerUnit,
 		Limit:           bucket.Limit{Requests: uint64(o.RequestsPerUnit), Unit: UnitDuration(u)},
 	}
-	return r, s.metrics.override(domain)
+	return os.stats
 }
 
 // resetSeconds rounds a reset time up to whole seconds, as the reference's
