@@ -361,8 +361,8 @@ func (l *Load) worker(w int) {
 func (l *Load) call(t *target, cl pb.RateLimitServiceClient, key int) Call {
 	req := Request(l.cfg.Domain, l.cfg.DescriptorKey, fmt.Sprint(l.cfg.KeyPrefix, key))
 	t.inflight.Add(1)
-	ctx, cancel := context.WithTimeout(context.Background(), l.cfg.Deadline)
-	t0 := time.Now()
+	t0 := time.Now() // before the deadline starts: a late call's latency is at least the deadline
+	ctx, cancel := context.WithDeadline(context.Background(), t0.Add(l.cfg.Deadline))
 	resp, err := cl.ShouldRateLimit(ctx, req)
 	t1 := time.Now()
 	cancel()

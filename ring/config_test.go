@@ -11,7 +11,7 @@ func TestConfigDefaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := Config{Partitions: 271, ReplicationFactor: 20, Load: 1.25}
+	want := Config{Partitions: 1021, ReplicationFactor: 20, Load: 1.05}
 	if got != want {
 		t.Fatalf("defaults = %+v, want %+v", got, want)
 	}

@@ -21,8 +21,8 @@ func Example() {
 	_, err = ring.New([]string{"node-a", "node-a"}, ring.Config{})
 	fmt.Println(err)
 	// Output:
-	// owner: node-b
-	// fail-over order: [node-b node-a node-c]
+	// owner: node-a
+	// fail-over order: [node-a node-c node-b]
 	// members: [node-a node-b node-c]
 	// ring: duplicate member "node-a"
 }
@@ -44,5 +44,5 @@ func ExampleRing_Partitions() {
 	r, _ := ring.New([]string{"a", "b", "c", "d"}, ring.Config{Partitions: 101})
 	fmt.Println(r.Partitions())
 	// Output:
-	// map[a:31 b:26 c:23 d:21]
+	// map[a:27 b:27 c:25 d:22]
 }
