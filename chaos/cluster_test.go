@@ -29,6 +29,12 @@ descriptors:
 // startCluster starts n nodes serving cfg and waits for one shared ring.
 func startCluster(t *testing.T, n int, cfg string) *Cluster {
 	t.Helper()
+	return startClusterArgs(t, n, cfg)
+}
+
+// startClusterArgs is startCluster with args added to every node's flags.
+func startClusterArgs(t *testing.T, n int, cfg string, args ...string) *Cluster {
+	t.Helper()
 	dir := t.TempDir()
 	cfgDir := filepath.Join(dir, "config")
 	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
@@ -42,6 +48,7 @@ func startCluster(t *testing.T, n int, cfg string) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	c.Args = append(c.Args, args...)
 	if err := c.StartAll(30 * time.Second); err != nil {
 		t.Fatal(err)
 	}
@@ -154,5 +161,40 @@ func TestClusterExactAndSurvivesKill(t *testing.T) {
 	}
 	if cr := c.Crashes(); len(cr) > 0 {
 		t.Errorf("unexpected exits: %v", cr)
+	}
+}
+
+// A SIGTERM ends the process within its drain and a short grace even while
+// a peer that holds open DecideStreams to it is frozen: the gRPC server's
+// graceful stop must not wait for streams that peer cannot close.
+func TestClusterTermWithFrozenPeer(t *testing.T) {
+	const shutdownTimeout = time.Minute
+	c := startClusterArgs(t, 3, dayConfig, "--shutdown-timeout", shutdownTimeout.String())
+	// Traffic through every node opens every node's streams to the others.
+	cls := dialAll(t, c.Nodes)
+	for i := range 60 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := cls[i%len(cls)].ShouldRateLimit(ctx, Request("chaos", "k", fmt.Sprintf("term-%d", i)))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	frozen, leaving := c.Nodes[1], c.Nodes[0]
+	if err := frozen.Freeze(); err != nil {
+		t.Fatal(err)
+	}
+	defer frozen.Thaw()
+	start := time.Now()
+	if err := leaving.Stop(shutdownTimeout + 10*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// The drain gives up on the frozen peer within seconds; the bound is
+	// far below --shutdown-timeout, which is what an unbounded graceful
+	// stop took.
+	took := time.Since(start)
+	t.Logf("SIGTERM to exit with a frozen peer: %v", took)
+	if took >= shutdownTimeout/2 {
+		t.Errorf("SIGTERM with a frozen peer took %v to exit, want well under --shutdown-timeout %v", took, shutdownTimeout)
 	}
 }

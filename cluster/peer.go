@@ -37,7 +37,7 @@ type peerClient struct {
 	done  chan struct{} // closed by close
 	wg    sync.WaitGroup
 
-	unaryOnly    atomic.Bool // the peer has no DecideStream: use Decide
+	unaryUntil   atomic.Int64 // f.mono() until which Decide calls replace DecideStream (the peer has none)
 	suspect      atomic.Bool
 	fails        atomic.Int32  // failures since the last answer
 	onTime       atomic.Int64  // f.mono() when p last answered a waiter in time (0: never)
@@ -123,56 +123,66 @@ type peerSendBuf struct {
 	ops   []peerpb.Op // backing store of req.Ops
 	ptrs  []*peerpb.Op
 
-	// stream is the sender's open DecideStream, or nil; cancel ends it.
+	// stream is the sender's open DecideStream, or nil, opened at opened
+	// under ctx; cancel ends ctx (nil when there is none).
 	stream grpc.BidiStreamingClient[peerpb.DecideRequest, peerpb.DecideResponse]
+	opened time.Time
+	ctx    context.Context
 	cancel context.CancelFunc
 	resp   peerpb.DecideResponse
 }
 
-// dropStream ends b's stream, if any.
+// dropStream ends b's stream and its context, if any.
 func (b *peerSendBuf) dropStream() {
-	if b.stream != nil {
+	if b.cancel != nil {
 		b.cancel()
-		b.stream, b.cancel = nil, nil
 	}
+	b.stream, b.ctx, b.cancel = nil, nil, nil
 }
 
 // roundTrip sends b.req and returns the owner's answer: on the sender's
-// DecideStream (opened on first use and again after it ends or fails), or
-// with a Decide call when the owner does not serve DecideStream. The
+// DecideStream (opened on first use, again after it ends or fails, and
+// before it is peerStreamMaxAge old, so the owner's admission checks run
+// again), or with a Decide call when the owner does not serve DecideStream
+// (then for peerStreamMaxAge, after which the stream is tried again). The
 // answer is good until the next roundTrip. A refusal the owner reports
 // in-band is returned as the status error Decide would have returned. The
-// call waits at most max(Timeout, fwdMaxWait); a stream that does not
-// answer in that time is ended.
+// whole exchange, opening the stream included, waits at most
+// max(Timeout, fwdMaxWait); a stream that does not answer in that time is
+// ended.
 func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 	limit := max(p.f.timeout, fwdMaxWait)
-	if p.unaryOnly.Load() {
+	if p.f.mono() < p.unaryUntil.Load() {
 		ctx, cancel := context.WithTimeout(p.ctx, limit)
 		defer cancel()
 		return p.client.Decide(ctx, &b.req)
 	}
-	if b.stream == nil {
-		ctx, cancel := context.WithCancel(p.ctx)
-		s, err := p.client.DecideStream(ctx)
-		if err != nil {
-			cancel()
-			return nil, err
-		}
-		b.stream, b.cancel = s, cancel
+	if b.stream != nil && time.Since(b.opened) >= peerStreamMaxAge {
+		b.dropStream()
+	}
+	if b.cancel == nil {
+		b.ctx, b.cancel = context.WithCancel(p.ctx)
 	}
 	late := time.AfterFunc(limit, b.cancel)
-	err := b.stream.Send(&b.req)
+	var err error
+	if b.stream == nil {
+		b.stream, err = p.client.DecideStream(b.ctx)
+		b.opened = time.Now()
+	}
 	if err == nil {
-		err = b.stream.RecvMsg(&b.resp)
-	} else if errors.Is(err, io.EOF) {
-		// The stream ended; its status comes with the next receive.
-		err = b.stream.RecvMsg(&b.resp)
+		err = b.stream.Send(&b.req)
 		if err == nil {
-			err = status.Error(codes.Internal, "cluster: peer answered a batch it was not sent")
+			err = b.stream.RecvMsg(&b.resp)
+		} else if errors.Is(err, io.EOF) {
+			// The stream ended; its status comes with the next receive.
+			err = b.stream.RecvMsg(&b.resp)
+			if err == nil {
+				err = status.Error(codes.Internal, "cluster: peer answered a batch it was not sent")
+			}
 		}
 	}
 	if !late.Stop() {
-		// The answer was too late: the stream is cancelled, or about to be.
+		// No answer in time: the stream is cancelled, or about to be.
 		b.dropStream()
 		return nil, status.Error(codes.DeadlineExceeded, "cluster: peer did not answer in time")
 	}
@@ -181,8 +191,12 @@ func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 		if errors.Is(err, io.EOF) {
 			err = status.Error(codes.Unavailable, "cluster: peer ended the stream")
 		}
-		if status.Code(err) == codes.Unimplemented && p.unaryOnly.CompareAndSwap(false, true) {
-			p.f.log.Info("cluster: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
+		if status.Code(err) == codes.Unimplemented {
+			// The owner never ran a handler: send the batch again as a call.
+			now := p.f.mono()
+			if prev := p.unaryUntil.Swap(now + int64(peerStreamMaxAge)); prev <= now {
+				p.f.log.Info("cluster: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
+			}
 			return p.roundTrip(b)
 		}
 		return nil, err

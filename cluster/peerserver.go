@@ -81,6 +81,11 @@ func (s *peerServer) Decide(ctx context.Context, req *peerpb.DecideRequest) (*pe
 // stream within this time).
 const peerStreamMaxAge = 30 * time.Second
 
+// peerStreamGrace is how long past peerStreamMaxAge the owner still
+// applies a batch on a stream (senders renew theirs before
+// peerStreamMaxAge, by their own clock).
+const peerStreamGrace = 5 * time.Second
+
 // DecideStream answers each DecideRequest on the stream as Decide would,
 // one at a time, reporting a refused batch in-band so the stream stays
 // open. Its buffers are reused from batch to batch.
@@ -101,6 +106,12 @@ func (s *peerServer) DecideStream(stream grpc.BidiStreamingServer[peerpb.DecideR
 			return err
 		}
 		out.Results, out.Code, out.Message = out.Results[:0], 0, ""
+		if time.Since(opened) >= maxAge+peerStreamGrace {
+			// A sender renews its stream before maxAge: this one was kept
+			// idle past it, and must be admitted again before it counts.
+			out.Code, out.Message, out.Last = uint32(codes.Unavailable), "cluster: stream too old; open a new one", true
+			return stream.Send(&out)
+		}
 		if err := s.decide(ctx, &req, &out, &results); err != nil {
 			st := peerStatus(err)
 			out.Results, out.Code, out.Message = out.Results[:0], uint32(status.Code(st)), status.Convert(st).Message()

@@ -112,7 +112,7 @@ func TestForwardStreamRenewal(t *testing.T) {
 	if c := fwdReadCounts(t, a.reg); c.forwarded != n || c.timeout+c.error+c.suspect+c.unknown != 0 {
 		t.Errorf("counts %+v, want %d forwarded and no fallback", c, n)
 	}
-	if p := (*a.f.peers.Load())["b"]; p.unaryOnly.Load() {
+	if p := (*a.f.peers.Load())["b"]; p.unaryUntil.Load() != 0 {
 		t.Error("the sender fell back to Decide calls")
 	}
 }
@@ -120,6 +120,7 @@ func TestForwardStreamRenewal(t *testing.T) {
 // A peer without DecideStream (an older version) gets Decide calls.
 func TestForwardUnaryFallback(t *testing.T) {
 	peer := fwdStartFakePeer(t, fwdPeerBlocking)
+	peer.noStream.Store(true)
 	peer.open()
 	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
 		c.Timeout = 5 * time.Second
@@ -135,7 +136,7 @@ func TestForwardUnaryFallback(t *testing.T) {
 	if n := peer.decides.Load(); n != 3 {
 		t.Errorf("%d Decide calls, want 3", n)
 	}
-	if p := (*a.f.peers.Load())["b"]; !p.unaryOnly.Load() {
+	if p := (*a.f.peers.Load())["b"]; p.unaryUntil.Load() <= a.f.mono() {
 		t.Error("the sender did not note that the peer has no DecideStream")
 	}
 	if len(a.f.Suspects()) != 0 {
@@ -165,5 +166,34 @@ func TestForwardBusyPeerIsNotSuspect(t *testing.T) {
 	}
 	if s := a.f.Suspects(); len(s) != 1 {
 		t.Fatalf("a quiet peer after %d timeouts: Suspects() = %v, want [b]", peerSuspectAfter, s)
+	}
+}
+
+// A stream whose owner does not answer in time is ended; the next batch
+// goes on a new stream and gets its own answer, never the late one.
+func TestForwardStreamTimeoutReopens(t *testing.T) {
+	peer := fwdStartFakePeer(t, fwdPeerBlocking)
+	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+		c.Timeout = 30 * time.Millisecond
+	})
+	a := nodes["a"]
+	res := make([]bucket.Result, 1)
+	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/late")}, res)
+	if c := fwdReadCounts(t, a.reg); c.timeout != 1 {
+		t.Fatalf("counts %+v after a batch the peer held, want 1 timeout", c)
+	}
+	// The sender ends the stream once its wait (max(Timeout, 250 ms)) has
+	// passed, while the owner still holds the batch: its handler ends.
+	fwdWaitFor(t, fwdWait, "the stream to be ended", func() bool { return peer.ended.Load() == 1 })
+	peer.open()
+	fwdWaitFor(t, fwdWait, "a forwarded answer", func() bool {
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/next")}, res)
+		return fwdReadCounts(t, a.reg).forwarded == 1
+	})
+	if res[0].Count != 777 {
+		t.Fatalf("count %d, want the peer's 777", res[0].Count)
+	}
+	if n := peer.streams.Load(); n < 2 {
+		t.Errorf("%d streams opened, want the ended one and a new one", n)
 	}
 }

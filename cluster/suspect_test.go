@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
@@ -28,9 +30,13 @@ type fwdFakePeer struct {
 	addr    string
 	gate    chan struct{}
 	once    sync.Once
-	decides atomic.Int64 // Decide calls received
+	decides atomic.Int64 // Decide calls and DecideStream batches received
 	decided atomic.Int64 // ops answered
 	pings   atomic.Int64 // Ping calls received
+	streams atomic.Int64 // DecideStreams opened
+	ended   atomic.Int64 // DecideStreams whose handler returned
+	// noStream makes DecideStream answer Unimplemented (an older peer).
+	noStream atomic.Bool
 }
 
 // open lets the blocking handlers answer, now and from now on.
@@ -54,6 +60,28 @@ func (s fwdBlockingServer) Decide(ctx context.Context, req *peerpb.DecideRequest
 	}
 	s.p.decided.Add(int64(len(req.GetOps())))
 	return out, nil
+}
+
+// DecideStream answers each batch as Decide does, once the gate is open.
+func (s fwdBlockingServer) DecideStream(stream grpc.BidiStreamingServer[peerpb.DecideRequest, peerpb.DecideResponse]) error {
+	if s.p.noStream.Load() {
+		return status.Error(codes.Unimplemented, "no DecideStream here")
+	}
+	s.p.streams.Add(1)
+	defer s.p.ended.Add(1)
+	for {
+		req, err := stream.Recv()
+		if err != nil {
+			return nil
+		}
+		out, err := s.Decide(stream.Context(), req)
+		if err != nil {
+			return err
+		}
+		if err := stream.Send(out); err != nil {
+			return err
+		}
+	}
 }
 
 func (s fwdBlockingServer) Ping(ctx context.Context, _ *peerpb.PingRequest) (*peerpb.PingResponse, error) {

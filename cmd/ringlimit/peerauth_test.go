@@ -9,6 +9,8 @@ import (
 	"crypto/x509"
 	"crypto/x509/pkix"
 	"encoding/pem"
+	"errors"
+	"io"
 	"math/big"
 	"net"
 	"os"
@@ -125,6 +127,18 @@ func (fakePeer) Ping(context.Context, *peerpb.PingRequest) (*peerpb.PingResponse
 	return &peerpb.PingResponse{Id: "server"}, nil
 }
 
+// DecideStream answers every request with an empty response.
+func (fakePeer) DecideStream(s grpc.BidiStreamingServer[peerpb.DecideRequest, peerpb.DecideResponse]) error {
+	for {
+		if _, err := s.Recv(); err != nil {
+			return nil
+		}
+		if err := s.Send(&peerpb.DecideResponse{}); err != nil {
+			return err
+		}
+	}
+}
+
 type gateRLS struct {
 	pb.UnimplementedRateLimitServiceServer
 }
@@ -164,7 +178,25 @@ func calls(t *testing.T, addr string, opts ...grpc.DialOption) (ping, rls error)
 	defer cancel()
 	_, ping = peerpb.NewPeerClient(conn).Ping(ctx, &peerpb.PingRequest{From: "client"})
 	_, rls = pb.NewRateLimitServiceClient(conn).ShouldRateLimit(ctx, &pb.RateLimitRequest{Domain: "d"})
+	// A stream passes the same gate as a call: forwarded decisions travel
+	// on DecideStreams.
+	if err := decideStreamExchange(ctx, conn); status.Code(err) != status.Code(ping) {
+		t.Errorf("DecideStream: %v, but Ping: %v", err, ping)
+	}
 	return ping, rls
+}
+
+// decideStreamExchange opens a DecideStream on conn and makes one exchange.
+func decideStreamExchange(ctx context.Context, conn *grpc.ClientConn) error {
+	s, err := peerpb.NewPeerClient(conn).DecideStream(ctx)
+	if err != nil {
+		return err
+	}
+	if err := s.Send(&peerpb.DecideRequest{}); err != nil && !errors.Is(err, io.EOF) {
+		return err
+	}
+	_, err = s.Recv()
+	return err
 }
 
 func TestPeerMTLS(t *testing.T) {

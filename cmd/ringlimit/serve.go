@@ -76,6 +76,10 @@ func newLogger(c *serveConfig, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
+// stopGrace is how long the gRPC server's graceful stop may take, after the
+// drain, before the calls and streams still open are cut.
+const stopGrace = 2 * time.Second
+
 // serve builds the node and runs it until ctx ends.
 func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
@@ -260,10 +264,20 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	if node != nil {
 		node.drain(deadline)
 	}
+	// GracefulStop lets in-flight calls finish (an RLS call takes
+	// milliseconds), but it would also wait for the peers' long-lived
+	// DecideStreams, which they close once they see this node leave; one
+	// that has not seen it yet (frozen, partitioned) would hold the whole
+	// shutdown. So it gets stopGrace, then Stop cuts what is left.
 	stopped := make(chan struct{})
 	go func() { gs.GracefulStop(); close(stopped) }()
+	grace := time.NewTimer(stopGrace)
+	defer grace.Stop()
 	select {
 	case <-stopped:
+	case <-grace.C:
+		gs.Stop()
+		<-stopped
 	case <-deadline.Done():
 		gs.Stop()
 		<-stopped
