@@ -108,6 +108,11 @@ const (
 	mshipSettle = 20 * time.Millisecond
 	// mshipForgetGone is how long All keeps reporting dead and left nodes.
 	mshipForgetGone = 2 * time.Minute
+	// mshipDeadRetry is how often a member that failed (not left) is
+	// contacted directly, for mshipForgetGone after it failed: if it was cut
+	// off rather than dead, the first contact after the heal merges the two
+	// sides, within about this long instead of a RejoinInterval.
+	mshipDeadRetry = time.Second
 	// mshipUpdateWait bounds how long SetReady waits for its broadcast.
 	mshipUpdateWait = time.Second
 )
@@ -134,6 +139,7 @@ type Membership struct {
 	changed chan struct{} // capacity 1: "the table changed", coalesced
 
 	joinStop     chan struct{} // closed by Leave or Close: stop (re)joining
+	contacting   atomic.Bool   // a mshipContactDead is running
 	joinStopOnce sync.Once
 	done         chan struct{} // closed by Close
 	wg           sync.WaitGroup

@@ -46,11 +46,25 @@ func (m *Membership) mshipJoinLoop() {
 	// one by one), and a push/pull with the seed settles that.
 	next := time.NewTimer(min(m.rejoin, mshipFollowUpJoin))
 	defer next.Stop()
+	dead := time.NewTicker(mshipDeadRetry)
+	defer dead.Stop()
 	failing := false
 	for {
 		select {
 		case <-m.joinStop:
 			return
+		case <-dead.C:
+			// In the background: a Join to an address nobody answers
+			// (a crashed pod's old IP) waits for memberlist's TCP timeout.
+			if m.contacting.CompareAndSwap(false, true) {
+				m.wg.Add(1)
+				go func() {
+					defer m.wg.Done()
+					defer m.contacting.Store(false)
+					m.mshipContactDead(time.Now())
+				}()
+			}
+			continue
 		case <-next.C:
 		}
 		err := m.mshipJoinOnce()
@@ -64,6 +78,38 @@ func (m *Membership) mshipJoinLoop() {
 		}
 		failing = err != nil
 		next.Reset(m.rejoin)
+	}
+}
+
+// mshipContactDead joins the members that failed (not left) less than
+// mshipForgetGone before now, at their gossip addresses: one that was cut
+// off by a partition rather than dead merges back as soon as it can be
+// reached. memberlist alone does not re-merge after a long split, and the
+// periodic re-join comes only every RejoinInterval.
+func (m *Membership) mshipContactDead(now time.Time) {
+	var addrs []string
+	alive := map[string]bool{}
+	m.mu.Lock()
+	for _, n := range m.nodes {
+		if n.member.State == MemberAlive {
+			alive[n.member.Addr] = true
+		}
+	}
+	for _, n := range m.nodes {
+		// An address a live member uses now is a restarted process there,
+		// already in the cluster.
+		if n.member.State == MemberDead && now.Sub(n.since) < mshipForgetGone && !alive[n.member.Addr] {
+			addrs = append(addrs, n.member.Addr)
+		}
+	}
+	m.mu.Unlock()
+	if len(addrs) == 0 {
+		return
+	}
+	if n, err := m.ml.Join(addrs); n > 0 {
+		m.logger.Info("cluster: reached members thought dead", "addrs", addrs, "reached", n)
+	} else {
+		m.logger.Debug("cluster: members thought dead are still unreachable", "addrs", addrs, "err", err)
 	}
 }
 

@@ -94,6 +94,7 @@ type Node struct {
 	clock    func() int64
 	log      *slog.Logger
 	store    Store
+	rec      recordingStore // the forwarder's Local: store, replication log, answer cache
 	fwd      *Forwarder
 	m        *Membership
 	repl     *replicator // nil when Replicas is 1
@@ -186,9 +187,10 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if n.replicas > 1 {
 		rlog = newReplLog()
 	}
+	n.rec = recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys})}
 	n.fwd, err = NewForwarder(ForwarderConfig{
 		Self:        n.self,
-		Local:       recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys})},
+		Local:       n.rec,
 		Owners:      n,
 		Clock:       n.clock,
 		DialOptions: cfg.DialOptions,
@@ -321,6 +323,14 @@ func (n *Node) rebuildLocked() {
 		}
 	}
 	old := n.view.Load()
+	if !ringSameMembers(old.ring, r) {
+		// Before the ring is published: no op decides a newly owned key
+		// from a count below what its last owner told this node.
+		n.rec.adopt(n.clock(), func(key []byte) bool {
+			id, ok := r.Owner(key)
+			return ok && id == n.self
+		})
+	}
 	n.view.Store(&view{ring: r, targets: targets, addrs: addrs, built: time.Now()})
 	peers := make(map[string]string, len(others))
 	for _, id := range others {

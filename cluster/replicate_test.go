@@ -440,3 +440,45 @@ func TestRecordingStoreOverUntil(t *testing.T) {
 		t.Fatal("no shadow: answered locally")
 	}
 }
+
+// A node that becomes the owner of keys it held no copy of adopts the
+// owners' last answers: the keys it now owns continue from them (and go to
+// the replication log), the others stay as they were.
+func TestRecordingStoreAdopt(t *testing.T) {
+	const unit = int64(time.Minute)
+	w := int64(1_700_000_000) * int64(time.Second)
+	w -= w % unit
+	now := w + 20*int64(time.Second)
+	lim := bucket.Limit{Requests: 10, Unit: unit}
+	log := newReplLog()
+	rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), log: log, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
+	over := bucket.Result{Over: true, Count: 11, ResetAfter: w + unit - now}
+	for _, k := range []string{"mine", "theirs"} {
+		rs.remember(now, &bucket.Op{Key: []byte(k), Limit: lim, Hits: 1}, over)
+	}
+	rs.adopt(now, func(key []byte) bool { return string(key) == "mine" })
+
+	for _, tt := range []struct {
+		key  string
+		want bucket.Result
+	}{
+		{"mine", bucket.Result{Over: true, Count: 12, ResetAfter: w + unit - now}},
+		{"theirs", bucket.Result{Count: 1, Remaining: 9, ResetAfter: w + unit - now}},
+	} {
+		if got := rs.store.(*bucket.Store).Apply(now, &bucket.Op{Key: []byte(tt.key), Limit: lim, Hits: 1}); got != tt.want {
+			t.Errorf("%s after adopt: %+v, want %+v", tt.key, got, tt.want)
+		}
+	}
+	var spare replBuf
+	var recorded []string
+	for i := range replStripes {
+		log.swap(i, &spare)
+		for _, r := range spare.recs {
+			recorded = append(recorded, string(spare.keys[r.off:r.off+r.n]))
+		}
+		spare.recs, spare.keys = spare.recs[:0], spare.keys[:0]
+	}
+	if len(recorded) != 1 || recorded[0] != "mine" {
+		t.Errorf("replication log holds %q, want the adopted key only", recorded)
+	}
+}

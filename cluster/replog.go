@@ -86,6 +86,24 @@ func (s recordingStore) overUntil(now int64, op *bucket.Op) (bucket.Result, bool
 	return bucket.Result{Over: true, Count: st.Count + min(op.Hits, ^uint64(0)-st.Count), ResetAfter: end - now}, true
 }
 
+// adopt merges the remembered answers for the keys owns reports into the
+// store, recording what it raised for the replicas. A node that becomes a
+// key's owner because the owner left its ring (dead, or cut off by a
+// partition) and that holds no replica of the key would otherwise start it
+// from zero: with this it continues from the last count the owner gave it.
+// Merging keeps the larger count, so a key it holds already is unharmed.
+func (s recordingStore) adopt(now int64, owns func(key []byte) bool) {
+	if s.shadow == nil {
+		return
+	}
+	s.shadow.Range(now, func(key []byte, st bucket.State) bool {
+		if owns(key) && s.store.Merge(now, key, st) && s.log != nil {
+			s.log.record(key, st)
+		}
+		return true
+	})
+}
+
 // applyInstead implements answerCache.
 func (s recordingStore) applyInstead(now int64, op *bucket.Op) bucket.Result {
 	if s.shadow != nil {
