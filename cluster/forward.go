@@ -661,17 +661,19 @@ type fwdItem struct {
 	err      error         // idem
 }
 
-// complete records the owner's answer (or err) unless the waiter gave up.
-// The sender must not touch it afterwards.
-func (it *fwdItem) complete(res bucket.Result, err error) {
+// complete hands the owner's answer (or err) to the waiter, unless it gave
+// up; it reports whether the waiter was still waiting. The sender must not
+// touch it afterwards.
+func (it *fwdItem) complete(res bucket.Result, err error) (waited bool) {
 	req := it.req
 	it.res, it.err = res, err
 	if !it.state.CompareAndSwap(fwdPending, fwdDone) {
-		return
+		return false
 	}
 	if req.pending.Add(-1) == 0 {
 		req.done <- struct{}{} // only one sender reaches zero; capacity 1
 	}
+	return true
 }
 
 // fwdMetrics are the forwarder's Prometheus metrics. The fallback children

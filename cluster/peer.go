@@ -309,14 +309,20 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		}
 		return
 	}
-	p.fails.Store(0)
+	inTime := false
 	for i, it := range live {
 		r := resp.Results[i]
-		it.complete(bucket.Result{
+		inTime = it.complete(bucket.Result{
 			Over:       r.GetOver(),
 			Count:      r.GetCount(),
 			Remaining:  r.GetRemaining(),
 			ResetAfter: r.GetResetAfterNs(),
-		}, nil)
+		}, nil) || inTime
+	}
+	if inTime {
+		// Only an answer someone still waited for clears the failures: a
+		// peer whose every answer comes after its callers gave up is as
+		// good as down for them.
+		p.fails.Store(0)
 	}
 }

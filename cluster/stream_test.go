@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"testing"
 	"time"
@@ -195,5 +196,25 @@ func TestForwardStreamTimeoutReopens(t *testing.T) {
 	}
 	if n := peer.streams.Load(); n < 2 {
 		t.Errorf("%d streams opened, want the ended one and a new one", n)
+	}
+}
+
+// A peer whose every answer arrives after its caller gave up is suspect
+// after peerSuspectAfter such calls: late answers do not clear failures.
+func TestForwardAlwaysLatePeerIsSuspect(t *testing.T) {
+	peer := fwdStartFakePeer(t, fwdPeerBlocking)
+	peer.delay.Store(int64(80 * time.Millisecond)) // late for a 30 ms wait, inside the 250 ms exchange
+	peer.open()
+	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+		c.Timeout = 30 * time.Millisecond
+		c.SuspectFor = time.Minute
+	})
+	a := nodes["a"]
+	res := make([]bucket.Result, 1)
+	for i := 0; i < 4*peerSuspectAfter && len(a.f.Suspects()) == 0; i++ {
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(fmt.Sprintf("b/%d", i))}, res)
+	}
+	if s := a.f.Suspects(); len(s) != 1 {
+		t.Fatalf("Suspects() = %v after a peer answered every call late, want [b]", s)
 	}
 }

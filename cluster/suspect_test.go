@@ -37,6 +37,8 @@ type fwdFakePeer struct {
 	ended   atomic.Int64 // DecideStreams whose handler returned
 	// noStream makes DecideStream answer Unimplemented (an older peer).
 	noStream atomic.Bool
+	// delay holds every answer this long (ns) after the gate opens.
+	delay atomic.Int64
 }
 
 // open lets the blocking handlers answer, now and from now on.
@@ -53,6 +55,9 @@ func (s fwdBlockingServer) Decide(ctx context.Context, req *peerpb.DecideRequest
 	case <-s.p.gate:
 	case <-ctx.Done():
 		return nil, ctx.Err()
+	}
+	if d := time.Duration(s.p.delay.Load()); d > 0 {
+		time.Sleep(d) // a slow owner: the answer comes, but late
 	}
 	out := &peerpb.DecideResponse{}
 	for range req.GetOps() {
