@@ -49,7 +49,7 @@ type Holders interface {
 
 // Defaults and limits of ForwarderConfig.
 const (
-	// DefaultMaxBatch is the default number of ops per peer RPC.
+	// DefaultMaxBatch is the default number of ops per peer batch.
 	DefaultMaxBatch = 256
 	// DefaultForwardTimeout is how long a forwarded decision waits for its
 	// owner by default: far inside Envoy's 20 ms RLS timeout.
@@ -60,8 +60,8 @@ const (
 )
 
 const (
-	// fwdInflight is how many Decide RPCs may be in flight to one peer:
-	// one sender goroutine per slot.
+	// fwdInflight is how many Decide batches may be in flight to one peer:
+	// one sender goroutine (and one DecideStream) per slot.
 	fwdInflight = 2
 	// fwdMinQueue is the least capacity of a peer's queue, which is
 	// otherwise fwdInflight batches.
@@ -92,7 +92,7 @@ type ForwarderConfig struct {
 	// credentials. Short reconnect backoff (50 ms to 1 s) is always set
 	// first, so these options may override it.
 	DialOptions []grpc.DialOption
-	// MaxBatch is the most ops per peer RPC: 1 to 4096, 0 means
+	// MaxBatch is the most ops per peer batch: 1 to 4096, 0 means
 	// DefaultMaxBatch.
 	MaxBatch int
 	// Timeout is the longest a forwarded decision waits for its owner
@@ -411,7 +411,8 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 const fwdDeadlineMargin = 3 * time.Millisecond
 
 // fwdMaxWait caps how long a forwarded op waits, whatever the deadline;
-// it is also the deadline of a Decide RPC.
+// it is also how long a Decide exchange (a stream's answer, or a call) may
+// take before the sender gives up on it.
 const fwdMaxWait = 250 * time.Millisecond
 
 // waitFor is how long forwarded ops may wait for their owner: until the

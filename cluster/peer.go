@@ -22,7 +22,8 @@ var errPeerClosed = errors.New("cluster: peer client closed")
 
 // peerClient is the client side of one peer: a connection, a queue of
 // forwarded ops, fwdInflight sender goroutines that drain the queue into
-// Decide RPCs, and a probe goroutine (suspect.go). close stops and joins
+// Decide batches (each on its own DecideStream), and a probe goroutine
+// (suspect.go). close stops and joins
 // them all.
 type peerClient struct {
 	f      *Forwarder
@@ -211,7 +212,7 @@ func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 }
 
 // sendLoop takes whatever is queued, up to MaxBatch ops and
-// fwdMaxBatchBytes of keys, and sends it as one Decide RPC; it never waits
+// fwdMaxBatchBytes of keys, and sends it as one Decide batch; it never waits
 // for more ops to arrive.
 func (p *peerClient) sendLoop() {
 	defer p.wg.Done()
@@ -255,7 +256,7 @@ func (p *peerClient) sendLoop() {
 	}
 }
 
-// decide sends b.batch as one Decide RPC and completes its items.
+// decide sends b.batch as one Decide batch and completes its items.
 func (p *peerClient) decide(b *peerSendBuf) {
 	live := b.batch[:0]
 	b.ptrs = b.ptrs[:0]
