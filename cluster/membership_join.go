@@ -56,6 +56,11 @@ func (m *Membership) mshipJoinLoop() {
 		case <-dead.C:
 			// In the background: a Join to an address nobody answers
 			// (a crashed pod's old IP) waits for memberlist's TCP timeout.
+			select {
+			case <-m.joinStop:
+				return
+			default:
+			}
 			if m.contacting.CompareAndSwap(false, true) {
 				m.wg.Add(1)
 				go func() {
@@ -81,11 +86,15 @@ func (m *Membership) mshipJoinLoop() {
 	}
 }
 
-// mshipContactDead joins the members that failed (not left) less than
-// mshipForgetGone before now, at their gossip addresses: one that was cut
-// off by a partition rather than dead merges back as soon as it can be
-// reached. memberlist alone does not re-merge after a long split, and the
-// periodic re-join comes only every RejoinInterval.
+// mshipContactDead joins, one at a time, the members that failed (not
+// left) less than mshipForgetGone before now, at their gossip addresses:
+// one that was cut off by a partition rather than dead merges back as soon
+// as it can be reached. memberlist alone does not re-merge after a long
+// split, and the periodic re-join comes only every RejoinInterval. A member
+// whose ID is alive again (a restarted pod, maybe at a new address) is not
+// contacted, nor is anything once joining stops; a Join to an address that
+// does not answer still takes memberlist's TCP timeout, which Leave and
+// Close then wait for.
 func (m *Membership) mshipContactDead(now time.Time) {
 	var addrs []string
 	alive := map[string]bool{}
@@ -93,23 +102,28 @@ func (m *Membership) mshipContactDead(now time.Time) {
 	for _, n := range m.nodes {
 		if n.member.State == MemberAlive {
 			alive[n.member.Addr] = true
+			alive["id:"+n.member.ID] = true
 		}
 	}
 	for _, n := range m.nodes {
-		// An address a live member uses now is a restarted process there,
-		// already in the cluster.
-		if n.member.State == MemberDead && now.Sub(n.since) < mshipForgetGone && !alive[n.member.Addr] {
-			addrs = append(addrs, n.member.Addr)
+		mb := n.member
+		if mb.State == MemberDead && now.Sub(n.since) < mshipForgetGone && !alive[mb.Addr] && !alive["id:"+mb.ID] {
+			addrs = append(addrs, mb.Addr)
 		}
 	}
 	m.mu.Unlock()
-	if len(addrs) == 0 {
-		return
-	}
-	if n, err := m.ml.Join(addrs); n > 0 {
-		m.logger.Info("cluster: reached members thought dead", "addrs", addrs, "reached", n)
-	} else {
-		m.logger.Debug("cluster: members thought dead are still unreachable", "addrs", addrs, "err", err)
+	for _, a := range addrs {
+		select {
+		case <-m.joinStop:
+			return
+		default:
+		}
+		n, err := m.mshipJoinAddrs([]string{a})
+		if n > 0 {
+			m.logger.Info("cluster: reached a member thought dead", "addr", a)
+			return // one merge brings in the rest of its side
+		}
+		m.logger.Debug("cluster: member thought dead is still unreachable", "addr", a, "err", err)
 	}
 }
 
@@ -149,8 +163,13 @@ func (m *Membership) mshipJoinOnce() error {
 }
 
 func (m *Membership) mshipJoin() (n int, err error) {
+	return m.mshipJoinAddrs(m.join)
+}
+
+// mshipJoinAddrs is memberlist's Join, with its panics turned into errors.
+func (m *Membership) mshipJoinAddrs(addrs []string) (n int, err error) {
 	defer mshipRecover(&err)
-	return m.ml.Join(m.join)
+	return m.ml.Join(addrs)
 }
 
 // mshipOneLine prints memberlist's multi-line join error (a go-multierror

@@ -482,3 +482,23 @@ func TestRecordingStoreAdopt(t *testing.T) {
 		t.Errorf("replication log holds %q, want the adopted key only", recorded)
 	}
 }
+
+// A remembered answer under another unit (a reload changed the limit, or
+// an override shares the descriptor) does not replace the live counter.
+func TestRecordingStoreAdoptKeepsOtherUnits(t *testing.T) {
+	const minute, hour = int64(time.Minute), int64(time.Hour)
+	w := int64(1_700_000_000) * int64(time.Second)
+	w -= w % hour
+	now := w + 20*int64(time.Second)
+	rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
+	hourly := bucket.Limit{Requests: 1000, Unit: hour}
+	for range 900 {
+		rs.store.(*bucket.Store).Apply(now, &bucket.Op{Key: []byte("k"), Limit: hourly, Hits: 1})
+	}
+	rs.remember(now, &bucket.Op{Key: []byte("k"), Limit: bucket.Limit{Requests: 100, Unit: minute}, Hits: 1},
+		bucket.Result{Over: true, Count: 101, ResetAfter: minute - now%minute})
+	rs.adopt(now, func([]byte) bool { return true })
+	if got := rs.applyInstead(now, &bucket.Op{Key: []byte("k"), Limit: hourly, Hits: 1}); got.Count != 901 {
+		t.Fatalf("hourly count after adopting a per-minute answer: %d, want 901", got.Count)
+	}
+}

@@ -22,6 +22,8 @@ type Store interface {
 	// Range calls fn for every entry live at now until fn returns false;
 	// key is valid only during the call.
 	Range(now int64, fn func(key []byte, st bucket.State) bool)
+	// Get returns key's live state at now, if any (see bucket.Store.Get).
+	Get(now int64, key []byte) (bucket.State, bool)
 }
 
 // recordingStore is the Applier a Node gives its forwarder: every op it
@@ -97,17 +99,26 @@ func (s recordingStore) adopt(now int64, owns func(key []byte) bool) {
 		return
 	}
 	s.shadow.Range(now, func(key []byte, st bucket.State) bool {
-		if owns(key) && s.store.Merge(now, key, st) && s.log != nil {
+		if owns(key) && s.fits(now, key, st) && s.store.Merge(now, key, st) && s.log != nil {
 			s.log.record(key, st)
 		}
 		return true
 	})
 }
 
+// fits reports whether a remembered state may be merged into key's
+// counter: not when the store holds a live counter for key with another
+// unit or algorithm (a reload changed the limit, or a request-level
+// override shares the descriptor), which a merge would replace.
+func (s recordingStore) fits(now int64, key []byte, st bucket.State) bool {
+	cur, ok := s.store.Get(now, key)
+	return !ok || (cur.Unit == st.Unit && cur.Algorithm == st.Algorithm)
+}
+
 // applyInstead implements answerCache.
 func (s recordingStore) applyInstead(now int64, op *bucket.Op) bucket.Result {
 	if s.shadow != nil {
-		if st, ok := s.shadow.Get(now, op.Key); ok {
+		if st, ok := s.shadow.Get(now, op.Key); ok && s.fits(now, op.Key, st) {
 			s.store.Merge(now, op.Key, st)
 		}
 	}

@@ -340,7 +340,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 			rs *ruleStats
 		)
 		if o := d.Limit; o != nil {
-			r, rs = &sc.overrides[i], st.overrideRule(&sc.overrides[i], req.Domain, o)
+			r, rs = &sc.overrides[i], st.overrideRule(s, &sc.overrides[i], req.Domain, o)
 		} else if r = dom.Match(d.Entries); r != nil {
 			rs = st.stats[r.Index]
 		}
@@ -497,9 +497,12 @@ func (s *Service) dropReplaced(rules []*Rule) {
 // overrideRule fills r with the rule for a request-level limit override
 // (Envoy's `limit` on a descriptor) in a known domain, and returns the
 // stats it is counted under (the stat key "override"). It allocates nothing.
-func (st *configState) overrideRule(r *Rule, domain string, o *rlv3.RateLimitDescriptor_RateLimitOverride) *ruleStats {
+func (st *configState) overrideRule(s *Service, r *Rule, domain string, o *rlv3.RateLimitDescriptor_RateLimitOverride) *ruleStats {
 	u, _ := overrideUnit(o) // validated
-	os := st.overrides[domain]
+	os, ok := st.overrides[domain]
+	if !ok { // not reached: every domain of the config has its entry
+		os = overrideStats{statKey: domain + ".override", stats: s.metrics.override(domain)}
+	}
 	*r = Rule{
 		Domain:          domain,
 		StatKey:         os.statKey,
