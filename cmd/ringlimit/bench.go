@@ -28,6 +28,7 @@ type benchFlags struct {
 	seed                    uint64
 	json                    bool
 	descs                   listFlag
+	tls                     rlsClientTLS
 }
 
 func newBenchFlags(f *benchFlags, stderr io.Writer) *flag.FlagSet {
@@ -49,6 +50,7 @@ func newBenchFlags(f *benchFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.deadline, "deadline", 20*time.Millisecond, "per-call deadline; a later answer or DeadlineExceeded is a fail-open, as Envoy's timeout (0: none)")
 	fs.DurationVar(&f.warmup, "warmup", 0, "send load for this long first and discard it")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 5*time.Second, "how long connections may take to become ready")
+	f.tls.register(fs)
 	fs.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fs.StringVar(&f.jsonFile, "json-file", "", "also write the --json report to this file")
 	fs.StringVar(&f.label, "label", "", "name of this run in the report and in --compare")
@@ -111,13 +113,17 @@ func (f *benchFlags) config() (*benchConfig, error) {
 	if _, err := newKeyChooser(f.dist, f.keys, f.zipfS, f.seed, 0); err != nil {
 		errs = append(errs, err)
 	}
+	creds, err := f.tls.dialOption()
+	if err != nil {
+		bad("%v", err)
+	}
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return &benchConfig{
 		Targets: targets, Requests: f.n, Duration: f.z, Concurrency: f.c, RPS: f.rps, Connections: conns,
 		Keys: f.keys, Dist: f.dist, ZipfS: f.zipfS, Seed: f.seed, Template: tmpl, Deadline: f.deadline,
-		Warmup: f.warmup, ConnectTimeout: f.connectTimeout, Label: f.label,
+		Warmup: f.warmup, ConnectTimeout: f.connectTimeout, Label: f.label, Creds: creds,
 	}, nil
 }
 

@@ -21,21 +21,22 @@ import (
 
 // benchConfig is one load run, after flags are validated.
 type benchConfig struct {
-	Targets        []string      // gRPC addresses; connections are spread over them round-robin
-	Requests       int           // calls to make; used when Duration is 0
-	Duration       time.Duration // how long to send (-z); wins over Requests
-	Concurrency    int           // workers, each with one call in flight
-	RPS            float64       // total calls per second over all workers; 0: as fast as answered
-	Connections    int           // gRPC connections (>= len(Targets)); worker w uses connection w mod Connections
-	Keys           int           // distinct keys
-	Dist           string        // "uniform" or "zipf"
-	ZipfS          float64       // zipf exponent (> 1)
-	Seed           uint64        // key choice seed; worker w's stream is (Seed, w)
-	Template       *descTemplate // the request sent
-	Deadline       time.Duration // per-call deadline; a later answer is a fail-open. 0: none
-	Warmup         time.Duration // load sent and discarded before the measured run
-	ConnectTimeout time.Duration // how long every connection may take to become ready
-	Label          string        // names the run in --json and --compare
+	Targets        []string        // gRPC addresses; connections are spread over them round-robin
+	Requests       int             // calls to make; used when Duration is 0
+	Duration       time.Duration   // how long to send (-z); wins over Requests
+	Concurrency    int             // workers, each with one call in flight
+	RPS            float64         // total calls per second over all workers; 0: as fast as answered
+	Connections    int             // gRPC connections (>= len(Targets)); worker w uses connection w mod Connections
+	Keys           int             // distinct keys
+	Dist           string          // "uniform" or "zipf"
+	ZipfS          float64         // zipf exponent (> 1)
+	Seed           uint64          // key choice seed; worker w's stream is (Seed, w)
+	Template       *descTemplate   // the request sent
+	Deadline       time.Duration   // per-call deadline; a later answer is a fail-open. 0: none
+	Warmup         time.Duration   // load sent and discarded before the measured run
+	ConnectTimeout time.Duration   // how long every connection may take to become ready
+	Creds          grpc.DialOption // transport credentials; nil: plaintext
+	Label          string          // names the run in --json and --compare
 }
 
 // benchResult is a measured run.
@@ -149,9 +150,13 @@ func grpcTarget(addr string) string {
 // headless Service, and waits until every one is ready.
 func dialBench(ctx context.Context, cfg *benchConfig) (*benchRun, error) {
 	b := &benchRun{cfg: cfg}
+	creds := cfg.Creds
+	if creds == nil {
+		creds = grpc.WithTransportCredentials(insecure.NewCredentials())
+	}
 	for i := range cfg.Connections {
 		t := i % len(cfg.Targets)
-		cc, err := grpc.NewClient(grpcTarget(cfg.Targets[t]), grpc.WithTransportCredentials(insecure.NewCredentials()))
+		cc, err := grpc.NewClient(grpcTarget(cfg.Targets[t]), creds)
 		if err != nil {
 			b.close()
 			return nil, fmt.Errorf("bench: %s: %w", cfg.Targets[t], err)

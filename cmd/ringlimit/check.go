@@ -11,7 +11,6 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 )
 
 // listFlag collects a repeatable string flag.
@@ -30,8 +29,10 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	timeout := fs.Duration("timeout", 2*time.Second, "deadline of the call")
 	var descs listFlag
 	fs.Var(&descs, "descriptor", "a descriptor as k=v,k2=v2 (repeat for several; a bare k means an empty value)")
+	var ctls rlsClientTLS
+	ctls.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintln(stderr, "usage: ringlimit check --addr HOST:PORT --domain D --descriptor k=v[,k2=v2] [--descriptor ...] [--hits N]")
+		fmt.Fprintln(stderr, "usage: ringlimit check --addr HOST:PORT --domain D --descriptor k=v[,k2=v2] [--descriptor ...] [--hits N] [--tls-ca FILE]")
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
@@ -50,7 +51,12 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		req.Descriptors = append(req.Descriptors, desc)
 	}
-	conn, err := grpc.NewClient(*addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds, err := ctls.dialOption()
+	if err != nil {
+		fmt.Fprintln(stderr, "check:", err)
+		return 2
+	}
+	conn, err := grpc.NewClient(*addr, creds)
 	if err != nil {
 		fmt.Fprintln(stderr, "check:", err)
 		return 1
