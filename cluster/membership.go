@@ -81,6 +81,10 @@ type MembershipConfig struct {
 	// successful join, so that healed partitions merge. Zero means 15s;
 	// negative is an error.
 	RejoinInterval time.Duration
+	// Label, if set, names the cluster on every gossip packet and stream
+	// (memberlist's label, at most 255 bytes): nodes with another label,
+	// or none, ignore each other and cannot merge.
+	Label string
 	// SecretKey, if set, is the AES key (16, 24 or 32 bytes) that encrypts
 	// and authenticates all gossip. Nodes with a different key cannot join.
 	SecretKey []byte
@@ -301,6 +305,10 @@ func mshipMemberlistConfig(cfg *MembershipConfig) (*memberlist.Config, error) {
 	default:
 		return nil, fmt.Errorf("cluster: MembershipConfig.SecretKey: %d bytes (want 16, 24 or 32)", len(cfg.SecretKey))
 	}
+	if len(cfg.Label) > memberlist.LabelMaxSize {
+		return nil, fmt.Errorf("cluster: MembershipConfig.Label: %d bytes (at most %d)", len(cfg.Label), memberlist.LabelMaxSize)
+	}
+	mlc.Label = cfg.Label
 	mlc.Transport = cfg.Transport
 	return mlc, nil
 }

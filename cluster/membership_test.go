@@ -781,3 +781,32 @@ func TestMshipLogWriterKeyWarning(t *testing.T) {
 		t.Fatalf("want one warning naming --gossip-key-file, got %q", out.String())
 	}
 }
+
+// Nodes with another cluster label (or none) cannot join: their gossip is
+// dropped, so two clusters that can reach each other never merge.
+func TestMembershipLabelKeepsClustersApart(t *testing.T) {
+	t.Parallel()
+	n := newMshipNet()
+	label := func(l string) func(*MembershipConfig, *mshipRecorder) {
+		return func(c *MembershipConfig, _ *mshipRecorder) { c.Label = l }
+	}
+	a := mshipStart(t, n, "a", nil, label("blue"))
+	same := mshipStart(t, n, "b", []string{a.Self().Addr}, label("blue"))
+	other := mshipStart(t, n, "c", []string{a.Self().Addr}, label("green"))
+	none := mshipStart(t, n, "d", []string{a.Self().Addr})
+	mshipWaitFor(t, mshipQuick, "b to join a", func() bool { return mshipHasIDs(a.Alive(), "a", "b") && same.Joined() })
+	for _, o := range []*mshipTestNode{other, none} {
+		mshipWaitFor(t, mshipQuick, o.Self().ID+"'s join to fail", func() bool { return o.JoinError() != nil })
+		if o.Joined() || o.NumMembers() != 1 {
+			t.Errorf("%s (another label) joined: Joined=%v NumMembers=%d", o.Self().ID, o.Joined(), o.NumMembers())
+		}
+	}
+	if got := a.Alive(); len(got) != 2 {
+		t.Errorf("a sees %v, want only a and b", mshipIDs(got))
+	}
+
+	if _, err := NewMembership(MembershipConfig{ID: "x", GRPCAddr: "127.0.0.1:1", BindAddr: "127.0.0.1:0", Label: strings.Repeat("l", 256)}, nil); err == nil ||
+		!strings.Contains(err.Error(), "Label") {
+		t.Errorf("a 256-byte label: %v, want an error naming Label", err)
+	}
+}

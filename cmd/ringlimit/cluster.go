@@ -48,6 +48,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 			AdvertiseAddr: c.AdvertiseAddr,
 			Join:          c.joinList(),
 			SecretKey:     key,
+			Label:         c.ClusterName,
 			Logger:        log,
 		},
 		Store:       store,

@@ -48,6 +48,7 @@ type serveConfig struct {
 	AdvertiseAddr string
 	Join          string
 	GossipKeyFile string
+	ClusterName   string
 	Replicas      int
 
 	PeerTLSCert string
@@ -146,6 +147,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.AdvertiseAddr, "advertise-addr", "", "host or host:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
 	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
+	str(&c.ClusterName, "cluster-name", "ringlimit", "label on every gossip message: nodes with another cluster name ignore each other (give each ringlimit cluster that can reach another its own)", nil)
 	str(&c.PeerTLSCert, "peer-tls-cert", "", "PEM certificate this node presents to peers (with --peer-tls-key and --peer-tls-ca: peer RPCs need mTLS; reloaded on change)", nil)
 	str(&c.PeerTLSKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert", nil)
 	str(&c.PeerTLSCA, "peer-tls-ca", "", "PEM CA bundle that signs every node's peer certificate", nil)
@@ -243,6 +245,9 @@ func (c *serveConfig) validate() error {
 	}
 	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
+	}
+	if len(c.ClusterName) > 255 {
+		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most 255", len(c.ClusterName)))
 	}
 	return errors.Join(errs...)
 }

@@ -368,3 +368,17 @@ func TestRLSServerTLS(t *testing.T) {
 		})
 	}
 }
+
+func TestClusterNameBound(t *testing.T) {
+	c := &serveConfig{}
+	fs, _ := newServeFlags(c, nil)
+	if err := fs.Parse([]string{"--cluster-name", strings.Repeat("n", 256)}); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.validate(); err == nil || !strings.Contains(err.Error(), "--cluster-name") {
+		t.Errorf("a 256-byte cluster name: %v, want an error naming --cluster-name", err)
+	}
+	if c.ClusterName = "ringlimit-prod"; c.validate() != nil && strings.Contains(c.validate().Error(), "--cluster-name") {
+		t.Errorf("a short cluster name refused: %v", c.validate())
+	}
+}
