@@ -97,17 +97,16 @@ func (m *Membership) mshipJoinLoop() {
 // Close then wait for.
 func (m *Membership) mshipContactDead(now time.Time) {
 	var addrs []string
-	alive := map[string]bool{}
+	aliveAddrs, aliveIDs := map[string]bool{}, map[string]bool{}
 	m.mu.Lock()
 	for _, n := range m.nodes {
 		if n.member.State == MemberAlive {
-			alive[n.member.Addr] = true
-			alive["id:"+n.member.ID] = true
+			aliveAddrs[n.member.Addr], aliveIDs[n.member.ID] = true, true
 		}
 	}
 	for _, n := range m.nodes {
 		mb := n.member
-		if mb.State == MemberDead && now.Sub(n.since) < mshipForgetGone && !alive[mb.Addr] && !alive["id:"+mb.ID] {
+		if mb.State == MemberDead && now.Sub(n.since) < mshipForgetGone && !aliveAddrs[mb.Addr] && !aliveIDs[mb.ID] {
 			addrs = append(addrs, mb.Addr)
 		}
 	}

@@ -2,11 +2,8 @@ package main
 
 import (
 	"crypto/tls"
-	"crypto/x509"
-	"errors"
 	"flag"
 	"fmt"
-	"os"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
@@ -39,13 +36,9 @@ func (c *rlsClientTLS) dialOption() (grpc.DialOption, error) {
 	}
 	cfg := &tls.Config{MinVersion: tls.VersionTLS12, ServerName: c.serverName, InsecureSkipVerify: c.skipVerify}
 	if c.ca != "" {
-		pem, err := os.ReadFile(c.ca)
+		pool, err := readCAPool(c.ca)
 		if err != nil {
 			return nil, fmt.Errorf("--tls-ca: %w", err)
-		}
-		pool := x509.NewCertPool()
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, errors.New("--tls-ca: " + c.ca + ": no PEM certificate in it")
 		}
 		cfg.RootCAs = pool
 	}

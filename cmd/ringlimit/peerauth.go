@@ -100,11 +100,7 @@ func (c *caFile) get() (*x509.CertPool, error) {
 		}
 		return c.pool, nil
 	}
-	b, err := os.ReadFile(c.path)
-	pool := x509.NewCertPool()
-	if err == nil && !pool.AppendCertsFromPEM(b) {
-		err = fmt.Errorf("%s: no PEM certificate", c.path)
-	}
+	pool, err := readCAPool(c.path)
 	if err != nil {
 		if c.pool == nil {
 			return nil, fmt.Errorf("serve: --peer-tls-ca: %w", err)
@@ -113,6 +109,19 @@ func (c *caFile) get() (*x509.CertPool, error) {
 	}
 	c.pool, c.stamp = pool, st
 	return c.pool, nil
+}
+
+// readCAPool reads a PEM CA bundle into a pool.
+func readCAPool(path string) (*x509.CertPool, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(b) {
+		return nil, fmt.Errorf("%s: no PEM certificate", path)
+	}
+	return pool, nil
 }
 
 // tlsFiles holds the certificates named by the TLS flags. A nil field is
