@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -124,21 +123,8 @@ type peerSendBuf struct {
 	ops   []peerpb.Op // backing store of req.Ops
 	ptrs  []*peerpb.Op
 
-	// stream is the sender's open DecideStream, or nil, opened at opened
-	// under ctx; cancel ends ctx (nil when there is none).
-	stream grpc.BidiStreamingClient[peerpb.DecideRequest, peerpb.DecideResponse]
-	opened time.Time
-	ctx    context.Context
-	cancel context.CancelFunc
+	stream lockstep[peerpb.DecideRequest, peerpb.DecideResponse]
 	resp   peerpb.DecideResponse
-}
-
-// dropStream ends b's stream and its context, if any.
-func (b *peerSendBuf) dropStream() {
-	if b.cancel != nil {
-		b.cancel()
-	}
-	b.stream, b.ctx, b.cancel = nil, nil, nil
 }
 
 // roundTrip sends b.req and returns the owner's answer: on the sender's
@@ -158,52 +144,20 @@ func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 		defer cancel()
 		return p.client.Decide(ctx, &b.req)
 	}
-	if b.stream != nil && time.Since(b.opened) >= peerStreamMaxAge {
-		b.dropStream()
-	}
-	if b.cancel == nil {
-		b.ctx, b.cancel = context.WithCancel(p.ctx)
-	}
-	late := time.AfterFunc(limit, b.cancel)
-	var err error
-	if b.stream == nil {
-		b.stream, err = p.client.DecideStream(b.ctx)
-		b.opened = time.Now()
-	}
-	if err == nil {
-		err = b.stream.Send(&b.req)
-		if err == nil {
-			err = b.stream.RecvMsg(&b.resp)
-		} else if errors.Is(err, io.EOF) {
-			// The stream ended; its status comes with the next receive.
-			err = b.stream.RecvMsg(&b.resp)
-			if err == nil {
-				err = status.Error(codes.Internal, "cluster: peer answered a batch it was not sent")
-			}
+	err := b.stream.exchange(p.ctx, limit, peerStreamMaxAge, &b.req, &b.resp)
+	if status.Code(err) == codes.Unimplemented {
+		// The owner never ran a handler: send the batch again as a call.
+		now := p.f.mono()
+		if prev := p.unaryUntil.Swap(now + int64(peerStreamMaxAge)); prev <= now {
+			p.f.log.Info("cluster: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
 		}
-	}
-	if !late.Stop() {
-		// No answer in time: the stream is cancelled, or about to be.
-		b.dropStream()
-		return nil, status.Error(codes.DeadlineExceeded, "cluster: peer did not answer in time")
+		return p.roundTrip(b)
 	}
 	if err != nil {
-		b.dropStream()
-		if errors.Is(err, io.EOF) {
-			err = status.Error(codes.Unavailable, "cluster: peer ended the stream")
-		}
-		if status.Code(err) == codes.Unimplemented {
-			// The owner never ran a handler: send the batch again as a call.
-			now := p.f.mono()
-			if prev := p.unaryUntil.Swap(now + int64(peerStreamMaxAge)); prev <= now {
-				p.f.log.Info("cluster: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
-			}
-			return p.roundTrip(b)
-		}
 		return nil, err
 	}
 	if b.resp.GetLast() {
-		b.dropStream()
+		b.stream.drop()
 	}
 	if c := codes.Code(b.resp.GetCode()); c != codes.OK {
 		return nil, status.Error(c, b.resp.GetMessage())
@@ -223,7 +177,8 @@ func (p *peerClient) sendLoop() {
 		ptrs:  make([]*peerpb.Op, 0, maxOps),
 	}
 	b.req.From = p.f.self
-	defer b.dropStream()
+	b.stream.open = p.client.DecideStream
+	defer b.stream.drop()
 	var carry *fwdItem // taken from the queue but did not fit the last batch
 	for {
 		first := carry

@@ -191,6 +191,49 @@ func (s *peerServer) Replicate(ctx context.Context, req *peerpb.ReplicateRequest
 	return &peerpb.ReplicateResponse{Merged: uint32(n)}, nil
 }
 
+// ReplicateStream merges each ReplicateRequest on the stream as Replicate
+// would, one at a time, reporting a refused batch in-band so the stream
+// stays open. Like DecideStream it ends a stream after an answer once the
+// stream is the forwarder's stream age old, and refuses batches on streams
+// kept past that by more than peerStreamGrace.
+func (s *peerServer) ReplicateStream(stream grpc.BidiStreamingServer[peerpb.ReplicateRequest, peerpb.ReplicateResponse]) error {
+	if s.st == nil {
+		return s.UnimplementedPeerServer.ReplicateStream(stream)
+	}
+	opened := time.Now()
+	maxAge := time.Duration(s.f.streamMaxAge.Load())
+	var (
+		req peerpb.ReplicateRequest
+		out peerpb.ReplicateResponse
+	)
+	for {
+		if err := stream.RecvMsg(&req); err != nil {
+			if errors.Is(err, io.EOF) {
+				return nil
+			}
+			return err
+		}
+		out.Merged, out.Code, out.Message = 0, 0, ""
+		if time.Since(opened) >= maxAge+peerStreamGrace {
+			out.Code, out.Message, out.Last = uint32(codes.Unavailable), "cluster: stream too old; open a new one", true
+			return stream.Send(&out)
+		}
+		if err := peerValidateEntries(req.GetEntries()); err != nil {
+			st := status.Convert(peerStatus(err))
+			out.Code, out.Message = uint32(st.Code()), st.Message()
+		} else {
+			out.Merged = uint32(s.st.replicate(req.GetFrom(), req.GetEntries()))
+		}
+		out.Last = time.Since(opened) >= maxAge
+		if err := stream.Send(&out); err != nil {
+			return err
+		}
+		if out.Last {
+			return nil
+		}
+	}
+}
+
 // Sync validates the request and streams the caller's entries.
 func (s *peerServer) Sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
 	if s.st == nil {

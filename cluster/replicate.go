@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
@@ -89,6 +91,10 @@ type replOutbox struct {
 	inflight bool
 	fails    int
 	retryAt  time.Time
+	// sender is the destination's stream and buffers: the loop's while no
+	// send is in flight, the send's while one is (it comes back with the
+	// result).
+	sender *replSender
 }
 
 // replResult reports one finished send to the loop. entries is the map
@@ -96,6 +102,7 @@ type replOutbox struct {
 type replResult struct {
 	dest    string
 	entries map[string]bucket.State
+	sender  *replSender
 	sent    int
 	err     error
 }
@@ -202,6 +209,11 @@ func (r *replicator) close() {
 	r.once.Do(func() {
 		r.cancel()
 		r.wg.Wait()
+		for _, ob := range r.out {
+			if ob.sender != nil {
+				ob.sender.stream.drop()
+			}
+		}
 	})
 }
 
@@ -301,6 +313,9 @@ func (r *replicator) cycle(force bool) {
 		case ob.inflight:
 		case !r.members[d]:
 			r.dropCount(replDropGone, len(ob.pending))
+			if ob.sender != nil {
+				ob.sender.stream.drop()
+			}
 			delete(r.out, d)
 		case len(ob.pending) > 0 && (force || !now.Before(ob.retryAt)):
 			r.launch(d, ob)
@@ -364,9 +379,12 @@ func (r *replicator) launch(d string, ob *replOutbox) {
 	} else {
 		ob.pending = make(map[string]bucket.State)
 	}
+	if ob.sender == nil {
+		ob.sender = &replSender{}
+	}
 	ob.inflight = true
 	r.wg.Add(1)
-	go r.send(d, entries)
+	go r.send(d, entries, ob.sender)
 }
 
 // finished takes a send's result back into its destination's outbox.
@@ -376,6 +394,7 @@ func (r *replicator) finished(res replResult) {
 		return
 	}
 	ob.inflight = false
+	ob.sender = res.sender
 	if res.err == nil {
 		ob.fails = 0
 		r.m.sent.Add(float64(res.sent))
@@ -403,33 +422,83 @@ func (r *replicator) finished(res replResult) {
 	}
 }
 
-// send ships entries to dest in batches and reports to the loop.
-func (r *replicator) send(dest string, entries map[string]bucket.State) {
+// send ships entries to dest in batches on s and reports to the loop.
+func (r *replicator) send(dest string, entries map[string]bucket.State, s *replSender) {
 	defer r.wg.Done()
-	res := replResult{dest: dest, entries: entries}
+	res := replResult{dest: dest, entries: entries, sender: s}
 	c := r.client(dest)
 	if c == nil {
 		res.err = errReplNoClient
 	} else {
-		var b replBatch
+		b := &s.batch
 		for k, st := range entries {
-			b.add([]byte(k), st)
+			b.addString(k, st)
 			if b.full() {
-				if res.err = b.send(r.ctx, c, r.self); res.err != nil {
+				if res.err = s.send(r.ctx, c, r.self); res.err != nil {
 					break
 				}
 				res.sent += b.sent
 			}
 		}
 		if res.err == nil && b.len() > 0 {
-			res.err = b.send(r.ctx, c, r.self)
+			res.err = s.send(r.ctx, c, r.self)
 			res.sent += b.sent
 		}
+		b.reset()
 	}
 	select {
 	case r.results <- res:
 	case <-r.ctx.Done():
 	}
+}
+
+// replSender sends one destination's batches on a ReplicateStream (opened
+// on first use, again after it ends or fails, and before it is
+// peerStreamMaxAge old), or with Replicate calls for peerStreamMaxAge after
+// the destination answered Unimplemented. It keeps its batch's buffers from
+// send to send. Not safe for concurrent use.
+type replSender struct {
+	batch      replBatch
+	req        peerpb.ReplicateRequest
+	resp       peerpb.ReplicateResponse
+	stream     lockstep[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
+	client     peerpb.PeerClient // the stream's
+	unaryUntil time.Time
+}
+
+// send sends s.batch as one request to c (bounded by replRPCTimeout) and
+// empties the batch. The stream ends when ctx does.
+func (s *replSender) send(ctx context.Context, c peerpb.PeerClient, from string) error {
+	b := &s.batch
+	n := b.len()
+	if time.Now().Before(s.unaryUntil) {
+		return b.send(ctx, c, from)
+	}
+	if s.client != c {
+		s.stream.drop() // a new connection to the destination
+		s.client, s.stream.open = c, c.ReplicateStream
+	}
+	s.req.From, s.req.Entries = from, b.entries()
+	err := s.stream.exchange(ctx, replRPCTimeout, peerStreamMaxAge, &s.req, &s.resp)
+	s.req.Entries = nil
+	if status.Code(err) == codes.Unimplemented {
+		// The destination never ran a handler: send the batch as a call.
+		s.unaryUntil = time.Now().Add(peerStreamMaxAge)
+		return b.send(ctx, c, from)
+	}
+	if err == nil && s.resp.GetCode() != uint32(codes.OK) {
+		err = status.Error(codes.Code(s.resp.GetCode()), s.resp.GetMessage())
+	}
+	b.reset()
+	if err != nil {
+		b.sent = 0
+		return fmt.Errorf("cluster: replicate %d entries: %w", n, err)
+	}
+	b.sent = n
+	if s.resp.GetLast() {
+		s.stream.drop()
+	}
+	return nil
 }
 
 // Bounds of one Replicate or Sync message: far below gRPC's 4 MiB default.
@@ -450,19 +519,36 @@ type replBatch struct {
 
 // add appends a copy of (key, st).
 func (b *replBatch) add(key []byte, st bucket.State) {
+	e := b.next()
+	e.Key = append(e.Key[:0], key...)
+	b.set(e, len(key), st)
+}
+
+// addString is add for a key held as a string.
+func (b *replBatch) addString(key string, st bucket.State) {
+	e := b.next()
+	e.Key = append(e.Key[:0], key...)
+	b.set(e, len(key), st)
+}
+
+// next extends the batch by one entry, reusing the entry's key buffer.
+func (b *replBatch) next() *peerpb.Entry {
 	if len(b.ents) == cap(b.ents) {
 		b.grow()
 	}
 	b.ents = b.ents[:len(b.ents)+1]
-	e := &b.ents[len(b.ents)-1]
-	e.Key = append(e.Key[:0], key...)
+	return &b.ents[len(b.ents)-1]
+}
+
+// set fills e with st and accounts for its key.
+func (b *replBatch) set(e *peerpb.Entry, keyLen int, st bucket.State) {
 	e.Algorithm = uint32(st.Algorithm)
 	e.WindowNs = st.Window
 	e.UnitNs = st.Unit
 	e.Count = st.Count
 	e.Prev = st.Prev
 	e.TatNs = st.TAT
-	b.bytes += len(key)
+	b.bytes += keyLen
 }
 
 // grow reallocates ents; ptrs are rebuilt by entries.

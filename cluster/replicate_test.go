@@ -266,6 +266,12 @@ func (p *replFakePeer) Replicate(ctx context.Context, req *peerpb.ReplicateReque
 	return &peerpb.ReplicateResponse{Merged: uint32(len(req.GetEntries()))}, nil
 }
 
+// ReplicateStream answers as a node without it would: the replicator then
+// sends Replicate calls.
+func (p *replFakePeer) ReplicateStream(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[peerpb.ReplicateRequest, peerpb.ReplicateResponse], error) {
+	return nil, status.Error(codes.Unimplemented, "no ReplicateStream")
+}
+
 func (p *replFakePeer) state(key string) (bucket.State, int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

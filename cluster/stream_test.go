@@ -5,13 +5,21 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/ring"
 )
 
 // One DecideStream carries batch after batch; a refused batch is answered
@@ -216,5 +224,189 @@ func TestForwardAlwaysLatePeerIsSuspect(t *testing.T) {
 	}
 	if s := a.f.Suspects(); len(s) != 1 {
 		t.Fatalf("Suspects() = %v after a peer answered every call late, want [b]", s)
+	}
+}
+
+// replRecorder is a stateService that records what it merges.
+type replRecorder struct {
+	mu      sync.Mutex
+	batches int
+	got     map[string]bucket.State
+}
+
+func (r *replRecorder) replicate(_ string, entries []*peerpb.Entry) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.batches++
+	for _, e := range entries {
+		r.got[string(e.GetKey())] = bucket.MaxState(r.got[string(e.GetKey())], stateFromPB(e))
+	}
+	return len(entries)
+}
+
+func (r *replRecorder) sync(*peerpb.SyncRequest, grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
+	return errors.New("not served here")
+}
+
+func (r *replRecorder) state(key string) (bucket.State, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.got[key], r.batches
+}
+
+// replStreamServer serves the Peer service on loopback with rec behind
+// Replicate and ReplicateStream. It returns the server's forwarder (for
+// its stream age), a client, and a count of the ReplicateStreams opened.
+func replStreamServer(t *testing.T, rec stateService) (*Forwarder, peerpb.PeerClient, *atomic.Int32) {
+	t.Helper()
+	f, err := NewForwarder(ForwarderConfig{
+		Self:       "b",
+		Local:      newFwdFakeStore(),
+		Owners:     &fwdFakeOwners{self: "b", tab: map[string]fwdOwnerEntry{}},
+		Registerer: prometheus.NewRegistry(),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	opened := new(atomic.Int32)
+	srv := grpc.NewServer(grpc.StreamInterceptor(func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+		if strings.HasSuffix(info.FullMethod, "/ReplicateStream") {
+			opened.Add(1)
+		}
+		return h(srv, ss)
+	}))
+	f.register(srv, rec)
+	l := fwdListen(t)
+	fwdServe(t, srv, l)
+	conn, err := grpc.NewClient(l.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return f, peerpb.NewPeerClient(conn), opened
+}
+
+// replStreamTestReplicator replicates to "b" only, through client.
+func replStreamTestReplicator(t *testing.T, client peerpb.PeerClient) *replicator {
+	t.Helper()
+	rg, err := ring.New([]string{"a", "b"}, ring.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &replicator{
+		self:     "a",
+		replicas: 2,
+		log:      newReplLog(),
+		interval: time.Hour, // sends only on flush
+		targets:  func() *ring.Ring { return rg },
+		client:   func(string) peerpb.PeerClient { return client },
+		m:        newReplMetrics(),
+		logger:   slog.New(slog.DiscardHandler),
+	}
+	r.start()
+	t.Cleanup(r.close)
+	return r
+}
+
+// The replicator sends cycle after cycle on one ReplicateStream, reusing
+// its buffers, and renews the stream when the receiver ends it.
+func TestReplicatorStream(t *testing.T) {
+	for _, renew := range []bool{false, true} {
+		t.Run(fmt.Sprintf("renew=%v", renew), func(t *testing.T) {
+			rec := &replRecorder{got: map[string]bucket.State{}}
+			f, client, opened := replStreamServer(t, rec)
+			if renew {
+				f.streamMaxAge.Store(0) // every answer ends its stream
+			}
+			r := replStreamTestReplicator(t, client)
+			const cycles, keys = 5, 300
+			win := replWindow()
+			for c := range cycles {
+				for k := range keys {
+					r.log.record(fmt.Appendf(nil, "key-%d", k), bucket.State{Window: win, Unit: int64(nodeUnit), Count: uint64(c + 1)})
+				}
+				if err := r.flush(context.Background()); err != nil {
+					t.Fatal(err)
+				}
+				if _, batches := rec.state(""); batches != c+1 {
+					t.Fatalf("cycle %d: %d batches received, want %d", c, batches, c+1)
+				}
+			}
+			for k := range keys {
+				if st, _ := rec.state(fmt.Sprintf("key-%d", k)); st.Count != cycles {
+					t.Fatalf("key-%d: %+v, want count %d", k, st, cycles)
+				}
+			}
+			want := int32(1)
+			if renew {
+				want = cycles
+			}
+			if got := opened.Load(); got != want {
+				t.Errorf("%d streams opened, want %d", got, want)
+			}
+			if got := testCounterValue(t, r.m.sent); got != cycles*keys {
+				t.Errorf("%v entries counted as sent, want %d", got, cycles*keys)
+			}
+			if got := testCounterValue(t, r.m.rpcErrors); got != 0 {
+				t.Errorf("%v send errors", got)
+			}
+		})
+	}
+}
+
+// A batch the receiver refuses is answered in-band, merges nothing, and
+// the stream stays open for the next one.
+func TestReplicateStreamRefusal(t *testing.T) {
+	rec := &replRecorder{got: map[string]bucket.State{}}
+	_, client, opened := replStreamServer(t, rec)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	stream, err := client.ReplicateStream(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	good := &peerpb.Entry{Key: []byte("k"), WindowNs: replWindow(), UnitNs: int64(nodeUnit), Count: 3}
+	bad := &peerpb.Entry{Key: []byte("bad"), UnitNs: 0}
+	tests := []struct {
+		name       string
+		entries    []*peerpb.Entry
+		wantCode   codes.Code
+		wantMerged uint32
+	}{
+		{"invalid batch merges nothing", []*peerpb.Entry{good, bad}, codes.InvalidArgument, 0},
+		{"then a good batch", []*peerpb.Entry{good}, codes.OK, 1},
+		{"empty batch", nil, codes.OK, 0},
+	}
+	for _, tt := range tests {
+		if err := stream.Send(&peerpb.ReplicateRequest{From: "a", Entries: tt.entries}); err != nil {
+			t.Fatalf("%s: Send: %v", tt.name, err)
+		}
+		resp, err := stream.Recv()
+		if err != nil {
+			t.Fatalf("%s: Recv: %v", tt.name, err)
+		}
+		if got := codes.Code(resp.GetCode()); got != tt.wantCode || resp.GetMerged() != tt.wantMerged || resp.GetLast() {
+			t.Errorf("%s: code %v (%q), merged %d, last %v; want %v, %d, false", tt.name, got, resp.GetMessage(), resp.GetMerged(), resp.GetLast(), tt.wantCode, tt.wantMerged)
+		}
+		if tt.wantCode != codes.OK && resp.GetMessage() == "" {
+			t.Errorf("%s: refusal without a message", tt.name)
+		}
+	}
+	if st, batches := rec.state("k"); batches != 2 || st.Count != 3 {
+		t.Errorf("receiver merged %d batches, k = %+v; want 2 batches (one empty) and count 3", batches, st)
+	}
+	if got := opened.Load(); got != 1 {
+		t.Errorf("%d streams opened, want 1", got)
+	}
+	// The replicator reports such a refusal as a failed send and keeps the
+	// entries to send again.
+	r := replStreamTestReplicator(t, client)
+	r.log.record([]byte("bad"), bucket.State{Window: replWindow(), Unit: 0, Count: 1})
+	if err := r.flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := testCounterValue(t, r.m.rpcErrors); got != 1 {
+		t.Errorf("%v send errors counted, want 1", got)
 	}
 }

@@ -601,7 +601,15 @@ func (x *ReplicateRequest) GetEntries() []*Entry {
 type ReplicateResponse struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// merged is how many entries changed the receiver's counters.
-	Merged        uint32 `protobuf:"varint,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	Merged uint32 `protobuf:"varint,1,opt,name=merged,proto3" json:"merged,omitempty"`
+	// code is a gRPC status code: on ReplicateStream, a refused batch is
+	// answered with code != 0 (OK) and a message. Replicate reports refusals
+	// as the call's status instead and leaves these unset.
+	Code    uint32 `protobuf:"varint,2,opt,name=code,proto3" json:"code,omitempty"`
+	Message string `protobuf:"bytes,3,opt,name=message,proto3" json:"message,omitempty"`
+	// last tells a ReplicateStream sender that the receiver ends the stream
+	// after this response: the next batch goes on a new stream.
+	Last          bool `protobuf:"varint,4,opt,name=last,proto3" json:"last,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -641,6 +649,27 @@ func (x *ReplicateResponse) GetMerged() uint32 {
 		return x.Merged
 	}
 	return 0
+}
+
+func (x *ReplicateResponse) GetCode() uint32 {
+	if x != nil {
+		return x.Code
+	}
+	return 0
+}
+
+func (x *ReplicateResponse) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *ReplicateResponse) GetLast() bool {
+	if x != nil {
+		return x.Last
+	}
+	return false
 }
 
 // SyncRequest asks a peer for the counters the caller should hold.
@@ -788,19 +817,23 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x06tat_ns\x18\a \x01(\x03R\x05tatNs\"Z\n" +
 	"\x10ReplicateRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x122\n" +
-	"\aentries\x18\x02 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries\"+\n" +
+	"\aentries\x18\x02 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries\"m\n" +
 	"\x11ReplicateResponse\x12\x16\n" +
-	"\x06merged\x18\x01 \x01(\rR\x06merged\"=\n" +
+	"\x06merged\x18\x01 \x01(\rR\x06merged\x12\x12\n" +
+	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
+	"\amessage\x18\x03 \x01(\tR\amessage\x12\x12\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\"=\n" +
 	"\vSyncRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\"B\n" +
 	"\fSyncResponse\x122\n" +
-	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\x9a\x03\n" +
+	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\xfc\x03\n" +
 	"\x04Peer\x12M\n" +
 	"\x06Decide\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse\x12W\n" +
 	"\fDecideStream\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse(\x010\x01\x12G\n" +
 	"\x04Ping\x12\x1e.ringlimit.peer.v1.PingRequest\x1a\x1f.ringlimit.peer.v1.PingResponse\x12V\n" +
-	"\tReplicate\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse\x12I\n" +
+	"\tReplicate\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse\x12`\n" +
+	"\x0fReplicateStream\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse(\x010\x01\x12I\n" +
 	"\x04Sync\x12\x1e.ringlimit.peer.v1.SyncRequest\x1a\x1f.ringlimit.peer.v1.SyncResponse0\x01B/Z-github.com/ringlimit/ringlimit/cluster/peerpbb\x06proto3"
 
 var (
@@ -838,14 +871,16 @@ var file_cluster_peerpb_peer_proto_depIdxs = []int32{
 	0,  // 5: ringlimit.peer.v1.Peer.DecideStream:input_type -> ringlimit.peer.v1.DecideRequest
 	4,  // 6: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
 	7,  // 7: ringlimit.peer.v1.Peer.Replicate:input_type -> ringlimit.peer.v1.ReplicateRequest
-	9,  // 8: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
-	2,  // 9: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
-	2,  // 10: ringlimit.peer.v1.Peer.DecideStream:output_type -> ringlimit.peer.v1.DecideResponse
-	5,  // 11: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
-	8,  // 12: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
-	10, // 13: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
-	9,  // [9:14] is the sub-list for method output_type
-	4,  // [4:9] is the sub-list for method input_type
+	7,  // 8: ringlimit.peer.v1.Peer.ReplicateStream:input_type -> ringlimit.peer.v1.ReplicateRequest
+	9,  // 9: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
+	2,  // 10: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
+	2,  // 11: ringlimit.peer.v1.Peer.DecideStream:output_type -> ringlimit.peer.v1.DecideResponse
+	5,  // 12: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
+	8,  // 13: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
+	8,  // 14: ringlimit.peer.v1.Peer.ReplicateStream:output_type -> ringlimit.peer.v1.ReplicateResponse
+	10, // 15: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
+	10, // [10:16] is the sub-list for method output_type
+	4,  // [4:10] is the sub-list for method input_type
 	4,  // [4:4] is the sub-list for extension type_name
 	4,  // [4:4] is the sub-list for extension extendee
 	0,  // [0:4] is the sub-list for field type_name

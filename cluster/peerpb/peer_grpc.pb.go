@@ -28,11 +28,12 @@ import (
 const _ = grpc.SupportPackageIsVersion9
 
 const (
-	Peer_Decide_FullMethodName       = "/ringlimit.peer.v1.Peer/Decide"
-	Peer_DecideStream_FullMethodName = "/ringlimit.peer.v1.Peer/DecideStream"
-	Peer_Ping_FullMethodName         = "/ringlimit.peer.v1.Peer/Ping"
-	Peer_Replicate_FullMethodName    = "/ringlimit.peer.v1.Peer/Replicate"
-	Peer_Sync_FullMethodName         = "/ringlimit.peer.v1.Peer/Sync"
+	Peer_Decide_FullMethodName          = "/ringlimit.peer.v1.Peer/Decide"
+	Peer_DecideStream_FullMethodName    = "/ringlimit.peer.v1.Peer/DecideStream"
+	Peer_Ping_FullMethodName            = "/ringlimit.peer.v1.Peer/Ping"
+	Peer_Replicate_FullMethodName       = "/ringlimit.peer.v1.Peer/Replicate"
+	Peer_ReplicateStream_FullMethodName = "/ringlimit.peer.v1.Peer/ReplicateStream"
+	Peer_Sync_FullMethodName            = "/ringlimit.peer.v1.Peer/Sync"
 )
 
 // PeerClient is the client API for Peer service.
@@ -71,6 +72,14 @@ type PeerClient interface {
 	// with INVALID_ARGUMENT and merges nothing. Served even while the node
 	// re-syncs.
 	Replicate(ctx context.Context, in *ReplicateRequest, opts ...grpc.CallOption) (*ReplicateResponse, error)
+	// ReplicateStream is Replicate on a long-lived stream, which an owner
+	// keeps to each replica for its periodic writes: the sender sends one
+	// request, waits for its one response, and only then sends the next. A
+	// batch the receiver refuses (INVALID_ARGUMENT) is answered in-band with
+	// code and message and merges nothing; the stream stays open. The
+	// receiver may end the stream after a response with last set, as for
+	// DecideStream. A sender that gets UNIMPLEMENTED uses Replicate.
+	ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error)
 	// Sync streams every live counter this node holds whose replica set
 	// (the first `replicas` distinct successors of its key) on this node's
 	// ring plus the caller includes the caller. A new, restarted or thawed
@@ -130,9 +139,22 @@ func (c *peerClient) Replicate(ctx context.Context, in *ReplicateRequest, opts .
 	return out, nil
 }
 
+func (c *peerClient) ReplicateStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse], error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[1], Peer_ReplicateStream_FullMethodName, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	x := &grpc.GenericClientStream[ReplicateRequest, ReplicateResponse]{ClientStream: stream}
+	return x, nil
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_ReplicateStreamClient = grpc.BidiStreamingClient[ReplicateRequest, ReplicateResponse]
+
 func (c *peerClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SyncResponse], error) {
 	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
-	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[1], Peer_Sync_FullMethodName, cOpts...)
+	stream, err := c.cc.NewStream(ctx, &Peer_ServiceDesc.Streams[2], Peer_Sync_FullMethodName, cOpts...)
 	if err != nil {
 		return nil, err
 	}
@@ -185,6 +207,14 @@ type PeerServer interface {
 	// with INVALID_ARGUMENT and merges nothing. Served even while the node
 	// re-syncs.
 	Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error)
+	// ReplicateStream is Replicate on a long-lived stream, which an owner
+	// keeps to each replica for its periodic writes: the sender sends one
+	// request, waits for its one response, and only then sends the next. A
+	// batch the receiver refuses (INVALID_ARGUMENT) is answered in-band with
+	// code and message and merges nothing; the stream stays open. The
+	// receiver may end the stream after a response with last set, as for
+	// DecideStream. A sender that gets UNIMPLEMENTED uses Replicate.
+	ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error
 	// Sync streams every live counter this node holds whose replica set
 	// (the first `replicas` distinct successors of its key) on this node's
 	// ring plus the caller includes the caller. A new, restarted or thawed
@@ -212,6 +242,9 @@ func (UnimplementedPeerServer) Ping(context.Context, *PingRequest) (*PingRespons
 }
 func (UnimplementedPeerServer) Replicate(context.Context, *ReplicateRequest) (*ReplicateResponse, error) {
 	return nil, status.Errorf(codes.Unimplemented, "method Replicate not implemented")
+}
+func (UnimplementedPeerServer) ReplicateStream(grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]) error {
+	return status.Errorf(codes.Unimplemented, "method ReplicateStream not implemented")
 }
 func (UnimplementedPeerServer) Sync(*SyncRequest, grpc.ServerStreamingServer[SyncResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Sync not implemented")
@@ -298,6 +331,13 @@ func _Peer_Replicate_Handler(srv interface{}, ctx context.Context, dec func(inte
 	return interceptor(ctx, in, info, handler)
 }
 
+func _Peer_ReplicateStream_Handler(srv interface{}, stream grpc.ServerStream) error {
+	return srv.(PeerServer).ReplicateStream(&grpc.GenericServerStream[ReplicateRequest, ReplicateResponse]{ServerStream: stream})
+}
+
+// This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
+type Peer_ReplicateStreamServer = grpc.BidiStreamingServer[ReplicateRequest, ReplicateResponse]
+
 func _Peer_Sync_Handler(srv interface{}, stream grpc.ServerStream) error {
 	m := new(SyncRequest)
 	if err := stream.RecvMsg(m); err != nil {
@@ -333,6 +373,12 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			StreamName:    "DecideStream",
 			Handler:       _Peer_DecideStream_Handler,
+			ServerStreams: true,
+			ClientStreams: true,
+		},
+		{
+			StreamName:    "ReplicateStream",
+			Handler:       _Peer_ReplicateStream_Handler,
 			ServerStreams: true,
 			ClientStreams: true,
 		},
