@@ -158,8 +158,9 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 		}
 	}
 	out.Results = slices.Grow(out.Results[:0], len(ops))
+	var op bucket.Op // escapes to Apply: one per batch, not per op
 	for i, o := range ops {
-		op := peerOpFromPB(o)
+		op = peerOpFromPB(o)
 		r := s.f.local.Apply(now, &op)
 		pr := &buf[i]
 		pr.Over = r.Over
