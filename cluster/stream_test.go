@@ -410,3 +410,32 @@ func TestReplicateStreamRefusal(t *testing.T) {
 		t.Errorf("%v send errors counted, want 1", got)
 	}
 }
+
+// A batch on a stream kept past its age and the grace is refused unmerged,
+// and the receiver ends the stream.
+func TestReplicateStreamTooOld(t *testing.T) {
+	rec := &replRecorder{got: map[string]bucket.State{}}
+	f, client, _ := replStreamServer(t, rec)
+	f.streamMaxAge.Store(-int64(peerStreamGrace)) // every stream is too old at once
+	stream, err := client.ReplicateStream(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := &peerpb.Entry{Key: []byte("k"), WindowNs: replWindow(), UnitNs: int64(nodeUnit), Count: 1}
+	if err := stream.Send(&peerpb.ReplicateRequest{From: "a", Entries: []*peerpb.Entry{e}}); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := stream.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if codes.Code(resp.GetCode()) != codes.Unavailable || !resp.GetLast() || resp.GetMerged() != 0 {
+		t.Errorf("answer %v; want Unavailable, last, nothing merged", resp)
+	}
+	if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+		t.Errorf("Recv after last: %v, want EOF", err)
+	}
+	if _, batches := rec.state("k"); batches != 0 {
+		t.Errorf("%d batches merged, want 0", batches)
+	}
+}
