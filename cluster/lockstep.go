@@ -20,9 +20,8 @@ type lockstep[Req, Resp any] struct {
 	open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)
 
 	stream grpc.BidiStreamingClient[Req, Resp]
-	opened time.Time // when stream was opened
-	ctx    context.Context
-	cancel context.CancelFunc // ends ctx and the stream; nil when there is none
+	opened time.Time          // when stream was opened
+	cancel context.CancelFunc // ends the stream's context; nil when there is no stream
 }
 
 // drop ends the stream and its context, if any.
@@ -30,7 +29,7 @@ func (l *lockstep[Req, Resp]) drop() {
 	if l.cancel != nil {
 		l.cancel()
 	}
-	l.stream, l.ctx, l.cancel = nil, nil, nil
+	l.stream, l.cancel = nil, nil
 }
 
 // exchange sends req and receives its answer into resp, all within limit.
@@ -43,13 +42,14 @@ func (l *lockstep[Req, Resp]) exchange(parent context.Context, limit, maxAge tim
 	if l.stream != nil && time.Since(l.opened) >= maxAge {
 		l.drop()
 	}
-	if l.cancel == nil {
-		l.ctx, l.cancel = context.WithCancel(parent)
+	var ctx context.Context
+	if l.stream == nil {
+		ctx, l.cancel = context.WithCancel(parent)
 	}
 	late := time.AfterFunc(limit, l.cancel) // opening included
 	var err error
 	if l.stream == nil {
-		l.stream, err = l.open(l.ctx)
+		l.stream, err = l.open(ctx)
 		l.opened = time.Now()
 	}
 	if err == nil {

@@ -432,7 +432,7 @@ func (r *replicator) send(dest string, entries map[string]bucket.State, s *replS
 	} else {
 		b := &s.batch
 		for k, st := range entries {
-			b.addString(k, st)
+			replBatchAdd(b, k, st)
 			if b.full() {
 				if res.err = s.send(r.ctx, c, r.self); res.err != nil {
 					break
@@ -444,7 +444,6 @@ func (r *replicator) send(dest string, entries map[string]bucket.State, s *replS
 			res.err = s.send(r.ctx, c, r.self)
 			res.sent += b.sent
 		}
-		b.reset()
 	}
 	select {
 	case r.results <- res:
@@ -518,37 +517,24 @@ type replBatch struct {
 }
 
 // add appends a copy of (key, st).
-func (b *replBatch) add(key []byte, st bucket.State) {
-	e := b.next()
-	e.Key = append(e.Key[:0], key...)
-	b.set(e, len(key), st)
-}
+func (b *replBatch) add(key []byte, st bucket.State) { replBatchAdd(b, key, st) }
 
-// addString is add for a key held as a string.
-func (b *replBatch) addString(key string, st bucket.State) {
-	e := b.next()
-	e.Key = append(e.Key[:0], key...)
-	b.set(e, len(key), st)
-}
-
-// next extends the batch by one entry, reusing the entry's key buffer.
-func (b *replBatch) next() *peerpb.Entry {
+// replBatchAdd appends a copy of (key, st) to b, reusing the entry's key
+// buffer; key is the outbox's string or a store's bytes.
+func replBatchAdd[K string | []byte](b *replBatch, key K, st bucket.State) {
 	if len(b.ents) == cap(b.ents) {
 		b.grow()
 	}
 	b.ents = b.ents[:len(b.ents)+1]
-	return &b.ents[len(b.ents)-1]
-}
-
-// set fills e with st and accounts for its key.
-func (b *replBatch) set(e *peerpb.Entry, keyLen int, st bucket.State) {
+	e := &b.ents[len(b.ents)-1]
+	e.Key = append(e.Key[:0], key...)
 	e.Algorithm = uint32(st.Algorithm)
 	e.WindowNs = st.Window
 	e.UnitNs = st.Unit
 	e.Count = st.Count
 	e.Prev = st.Prev
 	e.TatNs = st.TAT
-	b.bytes += keyLen
+	b.bytes += len(key)
 }
 
 // grow reallocates ents; ptrs are rebuilt by entries.
