@@ -359,8 +359,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 	}
 	forwarded := 0
 	ac := f.ac
-	var late *peerClient   // the last peer noted late: one note per peer per call
-	var onTime *peerClient // the last peer noted in time: likewise
+	var late *peerClient // the last peer noted late: one note per peer per call
 	for _, it := range req.items[:req.n] {
 		i := it.index
 		if !complete && it.state.CompareAndSwap(fwdPending, fwdAbandoned) {
@@ -388,10 +387,6 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 		results[i] = it.res
 		if ac != nil {
 			ac.remember(now, &ops[i], it.res)
-		}
-		if it.peer != onTime {
-			onTime = it.peer
-			onTime.onTime.Store(f.mono())
 		}
 		forwarded++
 	}

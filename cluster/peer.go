@@ -276,9 +276,10 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		}, nil) || inTime
 	}
 	if inTime {
-		// Only an answer someone still waited for clears the failures: a
-		// peer whose every answer comes after its callers gave up is as
-		// good as down for them.
+		// Only an answer someone still waited for clears the failures and
+		// counts as in time: a peer whose every answer comes after its
+		// callers gave up is as good as down for them.
 		p.fails.Store(0)
+		p.onTime.Store(p.f.mono())
 	}
 }

@@ -121,8 +121,12 @@ func TestForwardStreamRenewal(t *testing.T) {
 	if c := fwdReadCounts(t, a.reg); c.forwarded != n || c.timeout+c.error+c.suspect+c.unknown != 0 {
 		t.Errorf("counts %+v, want %d forwarded and no fallback", c, n)
 	}
-	if p := (*a.f.peers.Load())["b"]; p.unaryUntil.Load() != 0 {
+	p := (*a.f.peers.Load())["b"]
+	if p.unaryUntil.Load() != 0 {
 		t.Error("the sender fell back to Decide calls")
+	}
+	if p.onTime.Load() == 0 {
+		t.Error("answers in time did not mark the peer as answering in time")
 	}
 }
 
