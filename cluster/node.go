@@ -178,8 +178,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	}
 	n.view.Store(&view{ring: r, targets: r, addrs: map[string]string{n.self: n.selfAddr}, built: time.Now()})
 	if cfg.Registerer != nil {
-		cs := append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...)
-		if err := registerAll(cfg.Registerer, cs...); err != nil {
+		if err := registerAll(cfg.Registerer, n.collectors()...); err != nil {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
 	}
@@ -234,11 +233,6 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		}
 		n.fwd.Close()
 		n.unregister(cfg.Registerer)
-		if cfg.Registerer != nil {
-			for _, c := range n.fwd.m.collectors() {
-				cfg.Registerer.Unregister(c)
-			}
-		}
 		return nil, err
 	}
 	n.wg.Add(2)
@@ -251,13 +245,23 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
-// unregister removes the node's own metrics from reg (nil: nothing), so
-// that a NewNode that failed can be retried on the same registry.
+// collectors are the node's own metrics; its forwarder registers its own.
+func (n *Node) collectors() []prometheus.Collector {
+	return append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...)
+}
+
+// unregister removes the node's metrics, and its forwarder's once there is
+// one, from reg (nil: nothing), so that a NewNode that failed can be
+// retried on the same registry.
 func (n *Node) unregister(reg prometheus.Registerer) {
 	if reg == nil {
 		return
 	}
-	for _, c := range append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...) {
+	cs := n.collectors()
+	if n.fwd != nil {
+		cs = append(cs, n.fwd.m.collectors()...)
+	}
+	for _, c := range cs {
 		reg.Unregister(c)
 	}
 }
@@ -322,8 +326,8 @@ func (n *Node) rebuildLocked() {
 			return
 		}
 	}
-	old := n.view.Load()
-	if !ringSameMembers(old.ring, r) {
+	changed := !ringSameMembers(n.view.Load().ring, r)
+	if changed {
 		// Before the ring is published: no op decides a newly owned key
 		// from a count below what its last owner told this node.
 		n.rec.adopt(n.clock(), func(key []byte) bool {
@@ -338,7 +342,7 @@ func (n *Node) rebuildLocked() {
 	}
 	n.fwd.SetPeers(peers)
 	n.members.Set(float64(len(ids)))
-	if !ringSameMembers(old.ring, r) {
+	if changed {
 		n.rebuilds.Inc()
 		n.log.Info("ring rebuilt", "members", ids)
 		select {
