@@ -56,17 +56,13 @@ func (m *Membership) mshipJoinLoop() {
 		case <-dead.C:
 			// In the background: a Join to an address nobody answers
 			// (a crashed pod's old IP) waits for memberlist's TCP timeout.
-			select {
-			case <-m.joinStop:
-				return
-			default:
-			}
-			if m.contacting.CompareAndSwap(false, true) {
+			addrs := m.mshipDeadAddrs(time.Now())
+			if len(addrs) > 0 && m.contacting.CompareAndSwap(false, true) {
 				m.wg.Add(1)
 				go func() {
 					defer m.wg.Done()
 					defer m.contacting.Store(false)
-					m.mshipContactDead(time.Now())
+					m.mshipContactDead(addrs)
 				}()
 			}
 			continue
@@ -86,16 +82,10 @@ func (m *Membership) mshipJoinLoop() {
 	}
 }
 
-// mshipContactDead joins, one at a time, the members that failed (not
-// left) less than mshipForgetGone before now, at their gossip addresses:
-// one that was cut off by a partition rather than dead merges back as soon
-// as it can be reached. memberlist alone does not re-merge after a long
-// split, and the periodic re-join comes only every RejoinInterval. A member
-// whose ID is alive again (a restarted pod, maybe at a new address) is not
-// contacted, nor is anything once joining stops; a Join to an address that
-// does not answer still takes memberlist's TCP timeout, which Leave and
-// Close then wait for.
-func (m *Membership) mshipContactDead(now time.Time) {
+// mshipDeadAddrs returns the gossip addresses of the members that failed
+// (not left) less than mshipForgetGone before now, except those whose
+// address or ID is alive again (a restarted pod, maybe at a new address).
+func (m *Membership) mshipDeadAddrs(now time.Time) []string {
 	var addrs []string
 	aliveAddrs, aliveIDs := map[string]bool{}, map[string]bool{}
 	m.mu.Lock()
@@ -111,6 +101,17 @@ func (m *Membership) mshipContactDead(now time.Time) {
 		}
 	}
 	m.mu.Unlock()
+	return addrs
+}
+
+// mshipContactDead joins, one at a time, the addresses of members thought
+// dead (mshipDeadAddrs): one that was cut off by a partition rather than
+// dead merges back as soon as it can be reached. memberlist alone does not
+// re-merge after a long split, and the periodic re-join comes only every
+// RejoinInterval. Nothing is contacted once joining stops; a Join to an
+// address that does not answer still takes memberlist's TCP timeout, which
+// Leave and Close then wait for.
+func (m *Membership) mshipContactDead(addrs []string) {
 	for _, a := range addrs {
 		select {
 		case <-m.joinStop:

@@ -246,8 +246,8 @@ func (c *serveConfig) validate() error {
 	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
-	if len(c.ClusterName) > 255 {
-		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most 255", len(c.ClusterName)))
+	if len(c.ClusterName) > cluster.MaxLabelLen {
+		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), cluster.MaxLabelLen))
 	}
 	return errors.Join(errs...)
 }
