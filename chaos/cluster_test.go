@@ -26,14 +26,9 @@ descriptors:
       requests_per_unit: 50
 `
 
-// startCluster starts n nodes serving cfg and waits for one shared ring.
-func startCluster(t *testing.T, n int, cfg string) *Cluster {
-	t.Helper()
-	return startClusterArgs(t, n, cfg)
-}
-
-// startClusterArgs is startCluster with args added to every node's flags.
-func startClusterArgs(t *testing.T, n int, cfg string, args ...string) *Cluster {
+// startCluster starts n nodes serving cfg, with args added to every node's
+// flags, and waits for one shared ring.
+func startCluster(t *testing.T, n int, cfg string, args ...string) *Cluster {
 	t.Helper()
 	dir := t.TempDir()
 	cfgDir := filepath.Join(dir, "config")
@@ -169,7 +164,7 @@ func TestClusterExactAndSurvivesKill(t *testing.T) {
 // graceful stop must not wait for streams that peer cannot close.
 func TestClusterTermWithFrozenPeer(t *testing.T) {
 	const shutdownTimeout = time.Minute
-	c := startClusterArgs(t, 3, dayConfig, "--shutdown-timeout", shutdownTimeout.String())
+	c := startCluster(t, 3, dayConfig, "--shutdown-timeout", shutdownTimeout.String())
 	// Traffic through every node opens every node's streams to the others.
 	cls := dialAll(t, c.Nodes)
 	for i := range 60 {
