@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -267,6 +268,32 @@ func TestNodeReplicationReachesReplica(t *testing.T) {
 			}
 		}
 	}
+	if t.Failed() {
+		for _, n := range nodes {
+			t.Logf("%s: %s", n.id, nodeCounters(t, n))
+		}
+	}
+}
+
+// nodeCounters sums n's counters whose names say where its counts came
+// from, for a failing test's report.
+func nodeCounters(t *testing.T, n *nodeTestNode) string {
+	t.Helper()
+	mfs, err := n.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		sum := 0.0
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() // 0 for other kinds
+		}
+		if sum != 0 {
+			fmt.Fprintf(&b, "%s=%v ", strings.TrimPrefix(mf.GetName(), "ringlimit_"), sum)
+		}
+	}
+	return b.String()
 }
 
 // An owner that crashes (no leave) hands nothing off, yet the replica that
