@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/bits"
 	"slices"
 	"sync"
@@ -472,7 +473,15 @@ func (f *Forwarder) getRequest() *fwdRequest {
 // client (a connection, its senders and a probe); a peer that is gone or
 // has moved to another address has its client closed, so a moved peer also
 // loses its suspicion. SetPeers after Close does nothing.
-func (f *Forwarder) SetPeers(peers map[string]string) {
+func (f *Forwarder) SetPeers(peers map[string]string) { f.setPeers(peers, true) }
+
+// addPeers is SetPeers that only adds clients for the peers that have
+// none: a ring about to route to new members calls it first, so that no
+// op for their keys finds no client (and is decided here instead).
+func (f *Forwarder) addPeers(peers map[string]string) { f.setPeers(peers, false) }
+
+// setPeers is SetPeers; without prune it keeps every client it has.
+func (f *Forwarder) setPeers(peers map[string]string, prune bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -480,11 +489,14 @@ func (f *Forwarder) SetPeers(peers map[string]string) {
 	}
 	old := *f.peers.Load()
 	next := make(map[string]*peerClient, len(peers))
+	if !prune {
+		maps.Copy(next, old)
+	}
 	for id, addr := range peers {
 		if id == f.self || addr == "" {
 			continue
 		}
-		if p := old[id]; p != nil && p.addr == addr {
+		if p := old[id]; p != nil && (p.addr == addr || !prune) {
 			next[id] = p
 			continue
 		}

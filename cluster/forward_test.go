@@ -469,6 +469,13 @@ func TestForwardSetPeers(t *testing.T) {
 		t.Fatal("SetPeers with an unchanged address replaced the client")
 	}
 
+	// addPeers keeps every client it has, a moved or missing peer's too.
+	a.f.addPeers(map[string]string{"b": "127.0.0.1:1"})
+	a.f.addPeers(map[string]string{})
+	if client() != first || closed(first) {
+		t.Fatal("addPeers replaced or closed a client")
+	}
+
 	// New address: a new client, the old one closed, suspicion reset.
 	first.markSuspect("test", nil)
 	if got := a.f.Suspects(); len(got) != 1 || got[0] != "b" {

@@ -335,11 +335,15 @@ func (n *Node) rebuildLocked() {
 			return ok && id == n.self
 		})
 	}
-	n.view.Store(&view{ring: r, targets: targets, addrs: addrs, built: time.Now()})
 	peers := make(map[string]string, len(others))
 	for _, id := range others {
 		peers[id] = addrs[id]
 	}
+	// New members get their clients before the ring routes to them (an op
+	// for a key whose owner has no client is decided here, and the owner
+	// never counts it); members gone lose theirs only after it stops.
+	n.fwd.addPeers(peers)
+	n.view.Store(&view{ring: r, targets: targets, addrs: addrs, built: time.Now()})
 	n.fwd.SetPeers(peers)
 	n.members.Set(float64(len(ids)))
 	if changed {

@@ -296,6 +296,45 @@ func nodeCounters(t *testing.T, n *nodeTestNode) string {
 	return b.String()
 }
 
+// A ring never routes to a member before the forwarder has a client for
+// it: an op for such a member's key would be decided by the entry node,
+// and its owner would never count it.
+func TestNodeRingNotAheadOfPeers(t *testing.T) {
+	t.Parallel()
+	a := nodeStart(t, "a", nil, nil)
+	nodeWaitRing(t, []*nodeTestNode{a}, []*nodeTestNode{a})
+	var (
+		stop   = make(chan struct{})
+		done   = make(chan struct{})
+		missed []string
+	)
+	go func() { // stopped and joined below
+		defer close(done)
+		for range 50_000_000 {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			members := a.node.view.Load().ring.Members()
+			peers := *a.node.fwd.peers.Load()
+			for _, id := range members {
+				if id != "a" && peers[id] == nil && len(missed) < 10 {
+					missed = append(missed, fmt.Sprintf("%s in ring %v without a client", id, members))
+				}
+			}
+		}
+	}()
+	join := []string{a.node.Membership().Self().Addr}
+	nodes := []*nodeTestNode{a, nodeStart(t, "b", join, nil), nodeStart(t, "c", join, nil)}
+	nodeWaitRing(t, nodes, nodes)
+	close(stop)
+	<-done
+	for _, m := range missed {
+		t.Error(m)
+	}
+}
+
 // An owner that crashes (no leave) hands nothing off, yet the replica that
 // becomes the owner continues from the replicated count, not from zero.
 func TestNodeOwnerCrashReplicaContinues(t *testing.T) {
