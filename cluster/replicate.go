@@ -54,7 +54,9 @@ var errReplNoClient = errors.New("cluster: replicate: no connection to peer")
 // state, and sends one Replicate RPC per destination. Each destination has
 // at most one send in flight; what accumulates meanwhile, or what a failed
 // send gives back, waits in the destination's bounded backlog and is sent
-// again with backoff until the destination leaves the ring. Nothing here
+// again with backoff until the destination leaves the ring. A send the
+// destination refuses as invalid (InvalidArgument: a peer of another
+// version, say) is dropped instead, since it can never succeed. Nothing here
 // ever blocks the hit path. close stops and joins every goroutine.
 type replicator struct {
 	self     string
@@ -112,10 +114,11 @@ const (
 	replDropQueueFull   = iota // the log's stripe was full
 	replDropBacklogFull        // the destination's backlog was full
 	replDropGone               // the destination left the ring first
+	replDropRefused            // the destination refused the batch as invalid
 	replDropReasons
 )
 
-var replDropNames = [replDropReasons]string{"queue_full", "backlog_full", "gone"}
+var replDropNames = [replDropReasons]string{"queue_full", "backlog_full", "gone", "refused"}
 
 // replMetrics are a Node's replication, handoff and sync metrics.
 type replMetrics struct {
@@ -403,6 +406,20 @@ func (r *replicator) finished(res replResult) {
 		return
 	}
 	r.m.rpcErrors.Inc()
+	if status.Code(res.err) == codes.InvalidArgument {
+		// The content was refused, not the send: sent again it would be
+		// refused again, and hold back every write recorded after it.
+		// Our own states are always valid, so this is a peer that
+		// validates differently (another version).
+		if r.logDrops[replDropRefused] == 0 {
+			r.logger.Warn("cluster: replica refused a replication batch; dropping it", "peer", res.dest, "entries", len(res.entries), "err", res.err)
+		}
+		r.dropCount(replDropRefused, len(res.entries))
+		ob.fails = 0
+		clear(res.entries)
+		ob.spare = res.entries
+		return
+	}
 	ob.fails++
 	backoff := min(replRetryMax, replRetryMin<<min(ob.fails-1, 10))
 	ob.retryAt = time.Now().Add(backoff)

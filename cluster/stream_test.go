@@ -403,8 +403,9 @@ func TestReplicateStreamRefusal(t *testing.T) {
 	if got := opened.Load(); got != 1 {
 		t.Errorf("%d streams opened, want 1", got)
 	}
-	// The replicator reports such a refusal as a failed send and keeps the
-	// entries to send again.
+	// The replicator counts such a refusal as a failed send and drops the
+	// refused entries (sent again, they would be refused again), so the
+	// writes recorded after them still reach the replica.
 	r := replStreamTestReplicator(t, client)
 	r.log.record([]byte("bad"), bucket.State{Window: replWindow(), Unit: 0, Count: 1})
 	if err := r.flush(context.Background()); err != nil {
@@ -412,6 +413,22 @@ func TestReplicateStreamRefusal(t *testing.T) {
 	}
 	if got := testCounterValue(t, r.m.rpcErrors); got != 1 {
 		t.Errorf("%v send errors counted, want 1", got)
+	}
+	if got := testCounterValue(t, r.m.drop[replDropRefused]); got != 1 {
+		t.Errorf("%v refused writes counted as dropped, want 1", got)
+	}
+	r.log.record([]byte("k2"), bucket.State{Window: replWindow(), Unit: int64(nodeUnit), Count: 5})
+	if err := r.flush(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if st, _ := rec.state("k2"); st.Count != 5 {
+		t.Errorf("after a refused batch the receiver has k2 = %+v; want count 5", st)
+	}
+	rec.mu.Lock()
+	_, refused := rec.got["bad"]
+	rec.mu.Unlock()
+	if refused {
+		t.Errorf("the refused entry reached the receiver")
 	}
 }
 
