@@ -156,7 +156,7 @@ func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak 
 			t.Fatal(err)
 		}
 		n.f = f
-		srv := grpc.NewServer()
+		srv := grpc.NewServer(ServerOptions()...)
 		f.Register(srv)
 		fwdServe(t, srv, lis[id])
 		t.Cleanup(func() {

@@ -78,7 +78,7 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 		t.Fatalf("NewNode(%s): %v", id, err)
 	}
 	tn.node = n
-	srv := grpc.NewServer()
+	srv := grpc.NewServer(ServerOptions()...)
 	n.Register(srv)
 	var wg sync.WaitGroup
 	wg.Add(1)

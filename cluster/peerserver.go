@@ -12,6 +12,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
@@ -35,10 +36,48 @@ var (
 	errPeerExpired = errors.New("cluster: decide batch expired")
 )
 
+// Keepalive of peer connections. A connection that stops carrying anything
+// without closing (a peer's packets dropped by the network, a lost NAT or
+// conntrack entry) would otherwise keep failing every forwarded op and
+// probe until TCP gives up, which takes minutes or, with the peer's socket
+// buffers still accepting, never; memberlist may meanwhile hold the peer
+// alive, since its gossip uses other connections.
+const (
+	// peerKeepaliveTime is how long a peer connection may read nothing
+	// before the client pings it (gRPC's minimum).
+	peerKeepaliveTime = 10 * time.Second
+	// peerKeepaliveTimeout is how long the client waits for the ping's
+	// answer before it closes the connection and dials again.
+	peerKeepaliveTimeout = 3 * time.Second
+	// peerServerPingTime and peerServerPingTimeout are the server's side:
+	// it pings a client connection idle that long and closes one that does
+	// not answer, ending the streams a vanished peer left open.
+	peerServerPingTime    = 30 * time.Second
+	peerServerPingTimeout = 10 * time.Second
+)
+
+// ServerOptions are the gRPC server options a server that serves the Peer
+// service (see Register) needs: it must accept the peers' keepalive pings,
+// which gRPC's default policy (one per 5 minutes) answers by closing the
+// connection, and it pings idle clients itself. They apply to every client
+// of that server, which for a node is Envoy too: pings are part of HTTP/2.
+func ServerOptions() []grpc.ServerOption {
+	return []grpc.ServerOption{
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
+			MinTime:             peerKeepaliveTime / 2,
+			PermitWithoutStream: true,
+		}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{
+			Time:    peerServerPingTime,
+			Timeout: peerServerPingTimeout,
+		}),
+	}
+}
+
 // Register registers the Peer service on s, next to the rate limit
-// service. Decide applies ops to the forwarder's Local store with its
-// Clock; Replicate and Sync answer Unimplemented (a Node serves them, see
-// Node.Register).
+// service; s should be built with ServerOptions. Decide applies ops to the
+// forwarder's Local store with its Clock; Replicate and Sync answer
+// Unimplemented (a Node serves them, see Node.Register).
 func (f *Forwarder) Register(s *grpc.Server) { f.register(s, nil) }
 
 // register registers the Peer service with st serving Replicate and Sync

@@ -106,7 +106,7 @@ func fwdStartFakePeer(t testing.TB, kind string) *fwdFakePeer {
 	p.addr = lis.Addr().String()
 	switch kind {
 	case fwdPeerBlocking:
-		srv := grpc.NewServer()
+		srv := grpc.NewServer(ServerOptions()...)
 		peerpb.RegisterPeerServer(srv, fwdBlockingServer{p: p})
 		fwdServe(t, srv, lis)
 		t.Cleanup(p.open) // release handlers first (cleanups run last-in first-out)

@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster"
 	"github.com/ringlimit/ringlimit/rls"
 )
 
@@ -127,7 +128,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// gRPC's own receive limit stays above --max-request-bytes, so an
 	// oversized RLS request gets InvalidArgument naming the bound rather
 	// than a bare ResourceExhausted; peer batches are capped far below it.
-	gs := grpc.NewServer(append(grpcServerOptions(tlsf, members),
+	// The keepalive policy lets peers (and Envoy) ping every 5 s or more
+	// and closes client connections that stop answering pings.
+	gs := grpc.NewServer(append(append(grpcServerOptions(tlsf, members), cluster.ServerOptions()...),
 		grpc.MaxRecvMsgSize(max(4<<20, 2*c.MaxRequestSize)))...)
 	if node != nil {
 		node.register(gs)
