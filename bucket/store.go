@@ -183,7 +183,7 @@ func (s *Store) shardFor(key []byte) *shard {
 // An op whose Limit fails Validate touches nothing and returns
 // Result{Over: true}. An unknown Mode behaves as Consume.
 func (s *Store) Apply(now int64, op *Op) Result {
-	r, _, _ := s.ApplyState(now, op)
+	r, _ := s.apply(now, op, nil)
 	return r
 }
 
@@ -194,8 +194,15 @@ func (s *Store) Apply(now int64, op *Op) Result {
 // without reading the store again. Like Apply it does not allocate for a key
 // that already has an entry, and it does not retain op.
 func (s *Store) ApplyState(now int64, op *Op) (r Result, st State, wrote bool) {
+	r, wrote = s.apply(now, op, &st)
+	return r, st, wrote
+}
+
+// apply is Apply; when st is not nil and the op wrote, it also sets *st to
+// the stored state (Apply does not pay for building it).
+func (s *Store) apply(now int64, op *Op, st *State) (r Result, wrote bool) {
 	if !op.Limit.Algorithm.known() || op.Limit.Unit <= 0 {
-		return Result{Over: true}, State{}, false
+		return Result{Over: true}, false
 	}
 	sh := s.shardFor(op.Key)
 	sh.mu.Lock()
@@ -226,10 +233,10 @@ func (s *Store) ApplyState(now int64, op *Op) (r Result, st State, wrote bool) {
 		e.tick = sh.tick
 	}
 	sh.mu.Unlock()
-	if wrote {
-		st = next.state()
+	if wrote && st != nil {
+		*st = next.state()
 	}
-	return r, st, wrote
+	return r, wrote
 }
 
 // Delete removes key's entry, if any.
