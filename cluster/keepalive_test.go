@@ -103,6 +103,31 @@ func (p *silentProxy) silence() {
 	}
 }
 
+// viaProxyForwarder returns node "a", whose only peer "b" (the owner of
+// every "b/" key) it reaches through px, and its metrics. tweak may change
+// its config.
+func viaProxyForwarder(t *testing.T, px *silentProxy, tweak func(*ForwarderConfig)) (*Forwarder, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	cfg := ForwarderConfig{
+		Self:       "a",
+		Local:      newFwdFakeStore(),
+		Owners:     &fwdFakeOwners{self: "a", tab: map[string]fwdOwnerEntry{"b": {"b", px.addr()}}},
+		Clock:      func() int64 { return 1000 },
+		Registerer: reg,
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	f, err := NewForwarder(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { f.Close() })
+	f.SetPeers(map[string]string{"b": px.addr()})
+	return f, reg
+}
+
 // A peer connection that goes silent without closing is closed by
 // keepalive and dialled again, and forwarding to the peer recovers while
 // the peer stays in the ring. Without keepalive nothing would ever fail on
@@ -111,22 +136,10 @@ func TestForwarderRedialsSilentConnection(t *testing.T) {
 	t.Parallel()
 	nodes := fwdStartCluster(t, []string{"b"}, nil, nil)
 	px := newSilentProxy(t, nodes["b"].addr)
-	reg := prometheus.NewRegistry()
-	f, err := NewForwarder(ForwarderConfig{
-		Self:       "a",
-		Local:      newFwdFakeStore(),
-		Owners:     &fwdFakeOwners{self: "a", tab: map[string]fwdOwnerEntry{"b": {"b", px.addr()}}},
-		Clock:      func() int64 { return 1000 },
-		Timeout:    100 * time.Millisecond,
-		SuspectFor: time.Minute, // only a probe that is answered clears it
-		Registerer: reg,
+	f, reg := viaProxyForwarder(t, px, func(c *ForwarderConfig) {
+		c.Timeout = 100 * time.Millisecond
+		c.SuspectFor = time.Minute // only a probe that is answered clears it
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { f.Close() })
-	f.SetPeers(map[string]string{"b": px.addr()})
-
 	ops := []bucket.Op{fwdOp("b/k")}
 	res := make([]bucket.Result, 1)
 	forwarded := func() bool {
@@ -151,5 +164,30 @@ func TestForwarderRedialsSilentConnection(t *testing.T) {
 	}
 	if s := f.Suspects(); len(s) != 0 {
 		t.Errorf("suspects after recovery: %v", s)
+	}
+}
+
+// The server built with ServerOptions keeps a peer connection that sits
+// idle while the client pings it: with gRPC's default policy (a ping at
+// most every 5 minutes) it would close it after the second ping.
+func TestServerOptionsAcceptPeerPings(t *testing.T) {
+	if testing.Short() {
+		t.Skip("idles for three keepalive intervals")
+	}
+	t.Parallel()
+	nodes := fwdStartCluster(t, []string{"b"}, nil, nil)
+	px := newSilentProxy(t, nodes["b"].addr) // never silenced: counts connections
+	f, reg := viaProxyForwarder(t, px, nil)
+	ops := []bucket.Op{fwdOp("b/k")}
+	res := make([]bucket.Result, 1)
+	f.Apply(context.Background(), 1000, ops, res)
+	// Idle for three ping intervals: pings at about 10, 20 and 30 s.
+	time.Sleep(3*peerKeepaliveTime + peerKeepaliveTimeout)
+	f.Apply(context.Background(), 1000, ops, res)
+	if c := fwdReadCounts(t, reg); c.forwarded != 2 {
+		t.Errorf("forwarded %v of 2 ops (fallbacks %+v)", c.forwarded, c)
+	}
+	if n := px.accepted.Load(); n != 1 {
+		t.Errorf("%d connections to the peer, want 1: the server closed the pinged one", n)
 	}
 }
