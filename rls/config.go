@@ -52,6 +52,12 @@ type Rule struct {
 	ShadowMode bool
 	// DetailedMetric is the descriptor's detailed_metric.
 	DetailedMetric bool
+	// SharedCounter is true when a descriptor on the rule's path has
+	// share_threshold: at that level the counter key carries the value
+	// pattern (e.g. "files/*") instead of the request's value, so every
+	// value the pattern matches counts on one counter, as in the
+	// reference. See Domain.AppendKey.
+	SharedCounter bool
 	// Extension is non-nil when the rule's rate_limit uses ringlimit's
 	// extension fields (algorithm, burst), which envoyproxy/ratelimit
 	// rejects: it names the file, the rate_limit and the fields, as a

@@ -42,9 +42,10 @@ type LoadOptions struct {
 // token_bucket, in any case) and burst (token_bucket only, at least 1,
 // default requests_per_unit); a rule using them carries Rule.Extension. Units are second,
 // minute, hour, day, week, month and year, in any case. The newer reference
-// fields quota_mode, value_to_metric, share_threshold and metadata are
-// accepted and ignored (share_threshold is checked as the reference does:
-// only on a value containing '*'). Any other key is an error, at any level.
+// fields quota_mode, value_to_metric and metadata are accepted and ignored;
+// share_threshold (only on a value containing '*', as the reference checks)
+// makes every value the pattern matches count on one counter (see
+// Rule.SharedCounter). Any other key is an error, at any level.
 func Parse(file string, data []byte) (*Config, error) {
 	b := cfgNewBuilder(false)
 	b.addFile(file, data)
@@ -128,6 +129,7 @@ type cfgDesc struct {
 	rate       *cfgRate // nil: no rate_limit
 	shadow     bool
 	detailed   bool
+	share      bool // share_threshold (value contains '*')
 	children   []*cfgDesc
 }
 
@@ -453,7 +455,6 @@ func (p *cfgParser) descriptor(n *yaml.Node, path string, depth int) *cfgDesc {
 		return nil
 	}
 	d := &cfgDesc{path: path, line: p.deref(n).Line}
-	var share bool
 	var shareLine int
 	keyOK := true
 	for _, pr := range ps {
@@ -476,7 +477,7 @@ func (p *cfgParser) descriptor(n *yaml.Node, path string, depth int) *cfgDesc {
 		case "value_to_metric":
 			p.boolean(pr.val, fp) // accepted, ignored
 		case "share_threshold":
-			share, shareLine = p.boolean(pr.val, fp), pr.line
+			d.share, shareLine = p.boolean(pr.val, fp), pr.line
 		case "quota_mode", "metadata":
 			// Newer reference fields: accepted, ignored, not checked.
 		default:
@@ -486,7 +487,7 @@ func (p *cfgParser) descriptor(n *yaml.Node, path string, depth int) *cfgDesc {
 	if d.key == "" && keyOK {
 		p.fail(path, d.line, "descriptor has empty key")
 	}
-	if share && !strings.Contains(d.value, "*") {
+	if d.share && !strings.Contains(d.value, "*") {
 		p.fail(cfgJoin(path, "share_threshold"), shareLine,
 			"share_threshold can only be used with wildcard values (containing '*'), but found key '%s'", cfgComposite(d.key, d.value))
 	}
@@ -607,11 +608,11 @@ func (b *cfgBuilder) addFile(file string, data []byte) {
 		case cd == nil:
 			cd = &cfgDomain{dom: &Domain{name: domain}, seen: make(map[*matchNode]map[string]bool)}
 			b.domains[domain] = cd
-			b.insert(p, cd, &cd.dom.root, domain+".", descs)
+			b.insert(p, cd, &cd.dom.root, domain+".", false, descs)
 		case !b.merge:
 			p.fail("domain", domainLine, "duplicate domain '%s' in config file", domain)
 		default:
-			b.insert(p, cd, &cd.dom.root, domain+".", descs)
+			b.insert(p, cd, &cd.dom.root, domain+".", false, descs)
 		}
 	}
 	slices.SortStableFunc(p.errs, func(x, y *FieldError) int { return x.Line - y.Line })
@@ -625,8 +626,9 @@ func (b *cfgBuilder) addFile(file string, data []byte) {
 }
 
 // insert adds descriptors under parent; prefix is the parent's stat key
-// followed by ".".
-func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, prefix string, descs []*cfgDesc) {
+// followed by "."; shared is true when a descriptor on the path to parent
+// has share_threshold.
+func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, prefix string, shared bool, descs []*cfgDesc) {
 	for _, d := range descs {
 		if d.key == "" {
 			continue // reported by the parser
@@ -644,6 +646,10 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 		}
 		seen[comp] = true
 		n := &matchNode{}
+		if d.share {
+			n.share = d.value
+		}
+		shared := shared || d.share
 		if r := d.rate; r != nil {
 			rule := &Rule{
 				Domain:          cd.dom.name,
@@ -655,6 +661,7 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 				RequestsPerUnit: r.rpu,
 				ShadowMode:      d.shadow,
 				DetailedMetric:  d.detailed,
+				SharedCounter:   shared,
 			}
 			if !r.unlimited {
 				rule.Limit = r.ext.limit(r.rpu, UnitDuration(r.unit))
@@ -664,7 +671,7 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 			cd.rules = append(cd.rules, rule)
 		}
 		parent.add(d.key, d.value, n)
-		b.insert(p, cd, n, statKey+".", d.children)
+		b.insert(p, cd, n, statKey+".", shared, d.children)
 	}
 }
 

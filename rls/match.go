@@ -10,6 +10,9 @@ import (
 type matchNode struct {
 	rule *Rule                // nil: no rate_limit at this node
 	next map[string]*matchKey // children by descriptor key; nil for a leaf
+	// share is the descriptor's value pattern when it has share_threshold:
+	// counter keys carry it in place of the request's value.
+	share string
 }
 
 // matchKey holds a level's descriptors that share one key.
@@ -48,6 +51,35 @@ func (d *Domain) Match(entries []*rlv3.RateLimitDescriptor_Entry) *Rule {
 		}
 	}
 	return n.rule
+}
+
+// AppendKey appends the counter key of a request descriptor whose rule is
+// r (as Match returned it for entries) to dst, like the package's AppendKey,
+// except that when r.SharedCounter, each level matched by a share_threshold
+// pattern contributes the pattern instead of the request's value. It
+// allocates nothing when dst has the capacity.
+func (d *Domain) AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry, r *Rule) []byte {
+	if d == nil || r == nil || !r.SharedCounter {
+		return AppendKey(dst, domain, entries)
+	}
+	dst = keyAppendString(dst, domain)
+	n := &d.root
+	for _, e := range entries {
+		v := e.GetValue()
+		if n != nil {
+			if k := n.next[e.GetKey()]; k != nil {
+				n = k.find(v)
+			} else {
+				n = nil
+			}
+		}
+		if n != nil && n.share != "" {
+			v = n.share
+		}
+		dst = keyAppendString(dst, e.GetKey())
+		dst = keyAppendString(dst, v)
+	}
+	return dst
 }
 
 // find picks the node for one entry value, or nil.

@@ -363,7 +363,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 			hits = h.Value
 		}
 		offs = append(offs, len(sc.keys))
-		sc.keys = AppendKey(sc.keys, req.Domain, d.Entries)
+		sc.keys = dom.AppendKey(sc.keys, req.Domain, d.Entries, r)
 		sc.idx = append(sc.idx, i)
 		sc.ops = append(sc.ops, bucket.Op{Limit: r.Limit, Hits: hits})
 	}

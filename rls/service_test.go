@@ -783,16 +783,20 @@ func TestServiceAllocs(t *testing.T) {
 	if testing.Short() || raceEnabled {
 		t.Skip("allocation counts are not meaningful in -short or with -race")
 	}
-	h := svNew(t, svSeedConfig, Options{})
+	seed := svNew(t, svSeedConfig, Options{})
+	shared := svNew(t, "domain: s\ndescriptors:\n  - {key: path, value: \"/api/*\", share_threshold: true, rate_limit: {unit: minute, requests_per_unit: 1000000}}\n", Options{})
 	tests := []struct {
 		name string
+		h    *svHarness
 		req  *pb.RateLimitRequest
 	}{
-		{"a config rule", svReq("ratelimit", 0, svD("remote_address", "10.1.2.3", "PATH", "GET /api/healthz"))},
-		{"a request-level limit override", svReq("ratelimit", 0, svLimit(svD("remote_address", "10.1.2.4"), 1000, typev3.RateLimitUnit_HOUR))},
+		{"a config rule", seed, svReq("ratelimit", 0, svD("remote_address", "10.1.2.3", "PATH", "GET /api/healthz"))},
+		{"a request-level limit override", seed, svReq("ratelimit", 0, svLimit(svD("remote_address", "10.1.2.4"), 1000, typev3.RateLimitUnit_HOUR))},
+		{"a share_threshold rule", shared, svReq("s", 0, svD("path", "/api/x"))},
 	}
 	ctx := context.Background()
 	for _, tt := range tests {
+		h := tt.h
 		if _, err := h.svc.ShouldRateLimit(ctx, tt.req); err != nil {
 			t.Fatal(err)
 		}
@@ -846,4 +850,47 @@ func TestServiceRequestSizeBound(t *testing.T) {
 	if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "bound of 100") {
 		t.Fatalf("big request: %v, want InvalidArgument naming the bound", err)
 	}
+}
+
+// share_threshold: every value a wildcard pattern matches counts on one
+// counter (the reference's ShareThresholdKeyPattern); without it each value
+// counts alone. Nested levels keep their own values.
+func TestServiceShareThreshold(t *testing.T) {
+	const cfg = `domain: share
+descriptors:
+  - key: path
+    value: "/api/*"
+    share_threshold: true
+    rate_limit: {unit: minute, requests_per_unit: 2}
+  - key: path
+    value: "/own/*"
+    rate_limit: {unit: minute, requests_per_unit: 1}
+  - key: tenant
+    value: "t-*"
+    share_threshold: true
+    descriptors:
+      - key: user
+        rate_limit: {unit: minute, requests_per_unit: 1}
+`
+	const dom = "share"
+	t0 := svT0
+	lim := func(code pb.RateLimitResponse_Code, rpu, rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, rpu, svMinute, "", rem, 60)
+	}
+	svRun(t, svNew(t, cfg, Options{}), []svStep{
+		{at: t0, req: svReq(dom, 0, svD("path", "/api/a")), want: svResp(svOK, lim(svOK, 2, 1))},
+		{at: t0, req: svReq(dom, 0, svD("path", "/api/b")), want: svResp(svOK, lim(svOK, 2, 0))},
+		{at: t0, req: svReq(dom, 0, svD("path", "/api/c")), want: svResp(svOver, lim(svOver, 2, 0))},
+		// The pattern itself as a value is the same counter.
+		{at: t0, req: svReq(dom, 0, svD("path", "/api/*")), want: svResp(svOver, lim(svOver, 2, 0))},
+		svCount(t0, dom, svD("path", "/api/a"), 0),
+		// Without share_threshold every value has its own counter.
+		{at: t0, req: svReq(dom, 0, svD("path", "/own/a")), want: svResp(svOK, lim(svOK, 1, 0))},
+		{at: t0, req: svReq(dom, 0, svD("path", "/own/b")), want: svResp(svOK, lim(svOK, 1, 0))},
+		svCount(t0, dom, svD("path", "/own/a"), 1),
+		// Shared tenants, each user on its own within them.
+		{at: t0, req: svReq(dom, 0, svD("tenant", "t-1", "user", "u")), want: svResp(svOK, lim(svOK, 1, 0))},
+		{at: t0, req: svReq(dom, 0, svD("tenant", "t-2", "user", "u")), want: svResp(svOver, lim(svOver, 1, 0))},
+		{at: t0, req: svReq(dom, 0, svD("tenant", "t-2", "user", "v")), want: svResp(svOK, lim(svOK, 1, 0))},
+	})
 }
