@@ -155,6 +155,11 @@ func TestMigrationEnvVars(t *testing.T) {
 		{[]string{"GRPC_HOST=127.0.0.9", "GRPC_PORT=9081"}, map[string]string{"GRPCAddr": "127.0.0.9:9081"}},
 		{[]string{"HOST=127.0.0.9", "PORT=9080"}, map[string]string{"HTTPAddr": "127.0.0.9:9080"}},
 		{[]string{"DEBUG_HOST=127.0.0.9", "DEBUG_PORT=9070"}, map[string]string{"DebugAddr": "127.0.0.9:9070"}},
+		// A host alone binds that host on the reference's default port.
+		{[]string{"DEBUG_HOST=127.0.0.9"}, map[string]string{"DebugAddr": "127.0.0.9:6070"}},
+		{[]string{"GRPC_HOST=127.0.0.9"}, map[string]string{"GRPCAddr": "127.0.0.9:8081"}},
+		{[]string{"HOST=127.0.0.9"}, map[string]string{"HTTPAddr": "127.0.0.9:8080"}},
+		{[]string{"GRPC_PORT=9081"}, map[string]string{"GRPCAddr": ":9081"}},
 		{[]string{"LOG_LEVEL=debug", "LOG_FORMAT=json"}, map[string]string{"LogLevel": "debug", "LogFormat": "json"}},
 		{[]string{"SHADOW_MODE=true"}, map[string]string{"ShadowMode": "true"}},
 		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"StopIncrement": "true"}},

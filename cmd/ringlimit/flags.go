@@ -71,14 +71,19 @@ func plainEnv(name string) legacyEnv {
 	}
 }
 
-// hostPortEnv joins a reference HOST/PORT pair; either may be missing.
-func hostPortEnv(hostVar, portVar string) legacyEnv {
+// hostPortEnv joins a reference HOST/PORT pair; either may be missing, and
+// a missing port is the reference's default for it (a host alone must still
+// bind that host, not every interface).
+func hostPortEnv(hostVar, portVar, defPort string) legacyEnv {
 	return func(getenv func(string) string) (string, bool) {
 		h, p := getenv(hostVar), getenv(portVar)
 		if h == "" && p == "" {
 			return "", false
 		}
-		return net.JoinHostPort(h, p), p != ""
+		if p == "" {
+			p = defPort
+		}
+		return net.JoinHostPort(h, p), true
 	}
 }
 
@@ -122,9 +127,9 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	}
 	str(&c.Config, "config", "/srv/runtime_data/current/config", "config file or directory (every regular file, dotfiles skipped); watched for changes", runtimePathEnv)
 	boolean(&c.MergeDomains, "merge-domains", false, "merge config files that share a domain instead of rejecting them", plainEnv("MERGE_DOMAIN_CONFIG"))
-	str(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RLS v3, gRPC health, peer RPCs)", hostPortEnv("GRPC_HOST", "GRPC_PORT"))
-	str(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck, /json)", hostPortEnv("HOST", "PORT"))
-	str(&c.DebugAddr, "debug-addr", ":6070", "debug listen address (/metrics, /rlconfig, /debug/pprof/, /debug/cluster)", hostPortEnv("DEBUG_HOST", "DEBUG_PORT"))
+	str(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RLS v3, gRPC health, peer RPCs)", hostPortEnv("GRPC_HOST", "GRPC_PORT", "8081"))
+	str(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck, /json)", hostPortEnv("HOST", "PORT", "8080"))
+	str(&c.DebugAddr, "debug-addr", ":6070", "debug listen address (/metrics, /rlconfig, /debug/pprof/, /debug/cluster)", hostPortEnv("DEBUG_HOST", "DEBUG_PORT", "6070"))
 	str(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error", plainEnv("LOG_LEVEL"))
 	str(&c.LogFormat, "log-format", "text", "log format: text or json", plainEnv("LOG_FORMAT"))
 	boolean(&c.ShadowMode, "shadow-mode", false, "global shadow mode: count as usual but always answer OK overall", plainEnv("SHADOW_MODE"))
