@@ -22,30 +22,57 @@ import (
 // A graceful leave (Drain) pushes every key to its replica set on the ring
 // without this node.
 
+// Backoff between handoffs that did not reach every peer.
+const (
+	handoffRetryMin = 500 * time.Millisecond
+	handoffRetryMax = 30 * time.Second
+)
+
 // handoffLoop runs a handoff after each ring change, coalescing changes
-// that arrive while one runs. It returns when the node closes.
+// that arrive while one runs. A handoff that did not reach every peer is
+// run again with backoff against the same old ring (so every key it had to
+// move is pushed again; merging makes the repeats harmless) until one
+// succeeds. It returns when the node closes.
 func (n *Node) handoffLoop() {
 	defer n.wg.Done()
 	last := n.view.Load().ring
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	fails := 0
 	for {
 		select {
 		case <-n.ctx.Done():
 			return
 		case <-n.handoffKick:
+		case <-retry.C:
 		}
 		cur := n.view.Load().ring
 		if ringSameMembers(last, cur) {
-			last = cur
+			last, fails = cur, 0
+			retry.Stop()
 			continue
 		}
 		start := time.Now()
 		pushed, err := n.handoff(n.ctx, last, cur)
-		if err != nil && n.ctx.Err() == nil {
-			n.log.Warn("cluster: handoff incomplete", "pushed", pushed, "err", err)
-		} else if pushed > 0 {
-			n.log.Info("cluster: handed off counters after a ring change", "pushed", pushed, "took", time.Since(start))
+		if n.ctx.Err() != nil {
+			return
 		}
-		last = cur
+		if err != nil {
+			fails++
+			n.rm.handoffFailures.Inc()
+			wait := min(handoffRetryMax, handoffRetryMin<<min(fails-1, 10))
+			if fails == 1 || fails%10 == 0 {
+				n.log.Warn("cluster: handoff incomplete; retrying", "pushed", pushed, "failures", fails, "retry_in", wait, "err", err)
+			}
+			retry.Reset(wait)
+			continue
+		}
+		if fails > 0 || pushed > 0 {
+			n.log.Info("cluster: handed off counters after a ring change", "pushed", pushed, "took", time.Since(start), "after_failures", fails)
+		}
+		last, fails = cur, 0
+		retry.Stop()
 	}
 }
 

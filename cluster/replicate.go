@@ -79,7 +79,7 @@ type replicator struct {
 	seenDrops uint64                  // log.dropped already accounted
 
 	results  chan replResult
-	flushReq chan chan struct{}
+	flushReq chan chan error
 	ctx      context.Context
 	cancel   context.CancelFunc
 	wg       sync.WaitGroup
@@ -93,6 +93,7 @@ type replOutbox struct {
 	inflight bool
 	fails    int
 	retryAt  time.Time
+	lastErr  error // of the last send, nil after a success
 	// sender is the destination's stream and buffers: the loop's while no
 	// send is in flight, the send's while one is (it comes back with the
 	// result).
@@ -122,18 +123,20 @@ var replDropNames = [replDropReasons]string{"queue_full", "backlog_full", "gone"
 
 // replMetrics are a Node's replication, handoff and sync metrics.
 type replMetrics struct {
-	sent       prometheus.Counter
-	rpcErrors  prometheus.Counter
-	dropped    *prometheus.CounterVec
-	drop       [replDropReasons]prometheus.Counter
-	received   prometheus.Counter
-	merged     prometheus.Counter
-	handoff    *prometheus.CounterVec
-	syncs      *prometheus.CounterVec
-	syncDur    prometheus.Histogram
-	syncMerged prometheus.Counter
-	pauses     prometheus.Counter
-	ready      prometheus.Gauge
+	sent      prometheus.Counter
+	rpcErrors prometheus.Counter
+	dropped   *prometheus.CounterVec
+	drop      [replDropReasons]prometheus.Counter
+	received  prometheus.Counter
+	merged    prometheus.Counter
+	handoff   *prometheus.CounterVec
+	// handoffFailures counts ring-change handoffs that missed a peer.
+	handoffFailures prometheus.Counter
+	syncs           *prometheus.CounterVec
+	syncDur         prometheus.Histogram
+	syncMerged      prometheus.Counter
+	pauses          prometheus.Counter
+	ready           prometheus.Gauge
 }
 
 func newReplMetrics() *replMetrics {
@@ -148,7 +151,7 @@ func newReplMetrics() *replMetrics {
 		}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringlimit_replication_dropped_total",
-			Help: "Recorded writes that never reached a replica, by reason (queue_full, backlog_full, gone).",
+			Help: "Recorded writes that never reached a replica, by reason (queue_full, backlog_full, gone, refused).",
 		}, []string{"reason"}),
 		received: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ringlimit_replication_received_entries_total",
@@ -157,6 +160,10 @@ func newReplMetrics() *replMetrics {
 		merged: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "ringlimit_replication_merged_entries_total",
 			Help: "Received counter states that changed this node's counters.",
+		}),
+		handoffFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_handoff_failures_total",
+			Help: "Handoffs after a ring change that did not reach every peer; each is run again with backoff (0.5 s to 30 s) until one succeeds.",
 		}),
 		handoff: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "ringlimit_handoff_entries_total",
@@ -191,7 +198,7 @@ func newReplMetrics() *replMetrics {
 }
 
 func (m *replMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.sent, m.rpcErrors, m.dropped, m.received, m.merged, m.handoff,
+	return []prometheus.Collector{m.sent, m.rpcErrors, m.dropped, m.received, m.merged, m.handoff, m.handoffFailures,
 		m.syncs, m.syncDur, m.syncMerged, m.pauses, m.ready}
 }
 
@@ -199,7 +206,7 @@ func (m *replMetrics) collectors() []prometheus.Collector {
 func (r *replicator) start() {
 	r.out = make(map[string]*replOutbox)
 	r.results = make(chan replResult)
-	r.flushReq = make(chan chan struct{})
+	r.flushReq = make(chan chan error)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	r.lastLog = time.Now()
 	r.wg.Add(1)
@@ -221,9 +228,11 @@ func (r *replicator) close() {
 }
 
 // flush sends everything recorded so far to every destination at once,
-// ignoring backoff, and waits until those sends finished or ctx ended.
+// ignoring backoff, and waits until those sends finished or ctx ended. It
+// returns an error when a send failed and its writes are still waiting
+// (they are retried as usual).
 func (r *replicator) flush(ctx context.Context) error {
-	done := make(chan struct{})
+	done := make(chan error, 1)
 	select {
 	case r.flushReq <- done:
 	case <-r.ctx.Done():
@@ -232,11 +241,31 @@ func (r *replicator) flush(ctx context.Context) error {
 		return ctx.Err()
 	}
 	select {
-	case <-done:
-		return nil
+	case err := <-done:
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	}
+}
+
+// undelivered reports the writes waiting in backlogs after a failed send,
+// or nil.
+func (r *replicator) undelivered() error {
+	var (
+		writes, dests int
+		last          error
+	)
+	for _, ob := range r.out {
+		if len(ob.pending) > 0 && ob.lastErr != nil {
+			writes += len(ob.pending)
+			dests++
+			last = ob.lastErr
+		}
+	}
+	if dests == 0 {
+		return nil
+	}
+	return fmt.Errorf("cluster: replicate: %d writes to %d replicas not delivered: %w", writes, dests, last)
 }
 
 func (r *replicator) loop() {
@@ -254,7 +283,7 @@ func (r *replicator) loop() {
 		case done := <-r.flushReq:
 			r.cycle(true)
 			r.drainInflight()
-			close(done)
+			done <- r.undelivered()
 		}
 	}
 }
@@ -398,6 +427,7 @@ func (r *replicator) finished(res replResult) {
 	}
 	ob.inflight = false
 	ob.sender = res.sender
+	ob.lastErr = res.err
 	if res.err == nil {
 		ob.fails = 0
 		r.m.sent.Add(float64(res.sent))
@@ -415,7 +445,7 @@ func (r *replicator) finished(res replResult) {
 			r.logger.Warn("cluster: replica refused a replication batch; dropping it", "peer", res.dest, "entries", len(res.entries), "err", res.err)
 		}
 		r.dropCount(replDropRefused, len(res.entries))
-		ob.fails = 0
+		ob.fails, ob.lastErr = 0, nil // dropped and counted, not waiting
 		clear(res.entries)
 		ob.spare = res.entries
 		return

@@ -313,13 +313,18 @@ func TestReplicatorCoalescesAndRetries(t *testing.T) {
 			r.log.record(key, bucket.State{Window: int64(time.Hour), Unit: int64(time.Hour), Count: c})
 		}
 	}
-	if err := r.flush(context.Background()); err != nil {
-		t.Fatal(err)
+	// b refuses the first send: flush says so (a drain reports it), and
+	// the writes wait for the retry.
+	if err := r.flush(context.Background()); err == nil || !strings.Contains(err.Error(), "not delivered") {
+		t.Fatalf("flush with a failing replica: %v, want writes not delivered", err)
 	}
 	fwdWaitFor(t, fwdWait, "b's retries to succeed", func() bool {
 		_, calls := peers["b"].state("")
 		return calls > 2
 	})
+	if err := r.flush(context.Background()); err != nil {
+		t.Fatalf("flush after the retries succeeded: %v", err)
+	}
 	for k := range keys {
 		key := []byte{'k', byte(k)}
 		succ := rg.Successors(key, 2, nil)
