@@ -1,7 +1,10 @@
 package rls
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
+	"encoding/hex"
+	"math"
 	"errors"
 	"fmt"
 
@@ -18,10 +21,16 @@ var ErrMalformedKey = errors.New("rls: malformed key")
 // is unambiguous: distinct (domain, entries) give distinct keys, whatever
 // bytes the strings contain. It allocates nothing when dst has the capacity.
 func AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry) []byte {
+	return appendKeyMax(dst, domain, entries, math.MaxInt)
+}
+
+// appendKeyMax is AppendKey with every value longer than maxValue bytes
+// replaced by its digest (see keyAppendValue).
+func appendKeyMax(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry, maxValue int) []byte {
 	dst = keyAppendString(dst, domain)
 	for _, e := range entries {
 		dst = keyAppendString(dst, e.GetKey())
-		dst = keyAppendString(dst, e.GetValue())
+		dst = keyAppendValue(dst, e.GetValue(), maxValue)
 	}
 	return dst
 }
@@ -29,6 +38,25 @@ func AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_En
 func keyAppendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)
+}
+
+// keyDigestPrefix starts the key part that stands for a value longer than
+// the bound: the prefix, then the value's SHA-256 in hex.
+const keyDigestPrefix = "sha256:"
+
+// keyAppendValue appends v as keyAppendString does, or, when it is longer
+// than maxValue bytes, keyDigestPrefix and its SHA-256 in hex (71 bytes): a
+// long value (a path with a long query string) still gets its own counter,
+// without a key of its length. Anyone who could make another value collide
+// with a digest could as well send the long value itself.
+func keyAppendValue(dst []byte, v string, maxValue int) []byte {
+	if len(v) <= maxValue {
+		return keyAppendString(dst, v)
+	}
+	sum := sha256.Sum256([]byte(v))
+	dst = binary.AppendUvarint(dst, uint64(len(keyDigestPrefix)+hex.EncodedLen(len(sum))))
+	dst = append(dst, keyDigestPrefix...)
+	return hex.AppendEncode(dst, sum[:])
 }
 
 // ParseKey is the inverse of AppendKey: it returns the domain and the

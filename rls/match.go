@@ -55,12 +55,13 @@ func (d *Domain) Match(entries []*rlv3.RateLimitDescriptor_Entry) *Rule {
 
 // AppendKey appends the counter key of a request descriptor whose rule is
 // r (as Match returned it for entries) to dst, like the package's AppendKey,
-// except that when r.SharedCounter, each level matched by a share_threshold
+// except that a value longer than maxValue bytes is replaced by its SHA-256
+// and, when r.SharedCounter, each level matched by a share_threshold
 // pattern contributes the pattern instead of the request's value. It
 // allocates nothing when dst has the capacity.
-func (d *Domain) AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry, r *Rule) []byte {
+func (d *Domain) AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry, r *Rule, maxValue int) []byte {
 	if d == nil || r == nil || !r.SharedCounter {
-		return AppendKey(dst, domain, entries)
+		return appendKeyMax(dst, domain, entries, maxValue)
 	}
 	dst = keyAppendString(dst, domain)
 	n := &d.root
@@ -77,7 +78,7 @@ func (d *Domain) AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitD
 			v = n.share
 		}
 		dst = keyAppendString(dst, e.GetKey())
-		dst = keyAppendString(dst, v)
+		dst = keyAppendValue(dst, v, maxValue)
 	}
 	return dst
 }

@@ -52,7 +52,12 @@ type Bounds struct {
 	MaxDescriptors int // descriptors per request (default 64)
 	MaxEntries     int // entries per descriptor (default 16)
 	MaxKeyLen      int // bytes per entry key (default 256)
-	MaxValueLen    int // bytes per entry value (default 1024)
+	// MaxValueLen is the longest entry value kept in a counter key as it is
+	// (default 1024): a longer one is not refused but stands in the key as
+	// its SHA-256 digest, so that a long path or header value neither fails
+	// the request (which Envoy then lets through, or denies) nor makes a
+	// key of its length.
+	MaxValueLen    int
 	MaxRequestSize int // bytes of the whole encoded request (default 256 KiB)
 	MaxDomainLen   int // bytes of the domain (default 256)
 }
@@ -286,8 +291,6 @@ func (s *Service) validate(req *pb.RateLimitRequest) error {
 				return invalid("descriptors[%d].entries[%d]: empty key", i, j)
 			case len(e.Key) > b.MaxKeyLen:
 				return invalid("descriptors[%d].entries[%d].key: %d bytes, more than the bound of %d", i, j, len(e.Key), b.MaxKeyLen)
-			case len(e.Value) > b.MaxValueLen:
-				return invalid("descriptors[%d].entries[%d].value: %d bytes, more than the bound of %d", i, j, len(e.Value), b.MaxValueLen)
 			}
 		}
 		if o := d.Limit; o != nil {
@@ -363,7 +366,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 			hits = h.Value
 		}
 		offs = append(offs, len(sc.keys))
-		sc.keys = dom.AppendKey(sc.keys, req.Domain, d.Entries, r)
+		sc.keys = dom.AppendKey(sc.keys, req.Domain, d.Entries, r, s.bounds.MaxValueLen)
 		sc.idx = append(sc.idx, i)
 		sc.ops = append(sc.ops, bucket.Op{Limit: r.Limit, Hits: hits})
 	}

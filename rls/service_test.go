@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"strings"
@@ -594,7 +595,7 @@ func TestServiceResponseHeaders(t *testing.T) {
 // a message naming the bound, and counts nothing, even for its valid
 // descriptors.
 func TestServiceBadInput(t *testing.T) {
-	bounds := Bounds{MaxDescriptors: 2, MaxEntries: 2, MaxKeyLen: 6, MaxValueLen: 5, MaxDomainLen: 6}
+	bounds := Bounds{MaxDescriptors: 2, MaxEntries: 2, MaxKeyLen: 6, MaxDomainLen: 6}
 	good := func() *rlv3.RateLimitDescriptor { return svD("b", "1") }
 	entry := func(k, v string) *rlv3.RateLimitDescriptor_Entry {
 		return &rlv3.RateLimitDescriptor_Entry{Key: k, Value: v}
@@ -617,8 +618,6 @@ func TestServiceBadInput(t *testing.T) {
 			"descriptors[1]: 3 entries, more than the bound of 2"},
 		{"key too long", svReq("shapes", 0, good(), svD("b", "1", "abcdefg", "1")),
 			"descriptors[1].entries[1].key: 7 bytes, more than the bound of 6"},
-		{"value too long", svReq("shapes", 0, good(), svD("b", "123456")),
-			"descriptors[1].entries[0].value: 6 bytes, more than the bound of 5"},
 		{"domain too long", svReq("shapes7", 0, good()), "domain is 7 bytes, more than the bound of 6"},
 		{"unknown override unit", svReq("shapes", 0, good(), svLimit(svD("b", "2"), 1, typev3.RateLimitUnit(42))),
 			"descriptors[1].limit.unit: unknown unit 42"},
@@ -893,4 +892,33 @@ descriptors:
 		{at: t0, req: svReq(dom, 0, svD("tenant", "t-2", "user", "u")), want: svResp(svOver, lim(svOver, 1, 0))},
 		{at: t0, req: svReq(dom, 0, svD("tenant", "t-2", "user", "v")), want: svResp(svOK, lim(svOK, 1, 0))},
 	})
+}
+
+// A value longer than MaxValueLen is not refused: it is counted under its
+// SHA-256 digest, one counter per distinct value, and the key stays short.
+// (Refusing it failed the whole request, so a client could pad a path to
+// make Envoy skip every limit on it, or, failing closed, answer 500.)
+func TestServiceLongValues(t *testing.T) {
+	h := svNew(t, svConfig, Options{Bounds: Bounds{MaxValueLen: 5}})
+	long1, long2 := strings.Repeat("x", 2000), strings.Repeat("y", 2000)
+	lim := func(rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(svOK, 10, svMinute, "", rem, 60)
+	}
+	svRun(t, h, []svStep{
+		{at: svT0, req: svReq("shapes", 0, svD("b", long1)), want: svResp(svOK, lim(9))},
+		{at: svT0, req: svReq("shapes", 0, svD("b", long1)), want: svResp(svOK, lim(8))},
+		{at: svT0, req: svReq("shapes", 0, svD("b", long2)), want: svResp(svOK, lim(9))},
+		{at: svT0, req: svReq("shapes", 0, svD("b", "12345")), want: svResp(svOK, lim(9))},
+		svCount(svT0, "shapes", svD("b", "12345"), 1),
+	})
+	if n := h.store.Len(); n != 3 {
+		t.Errorf("%d counters, want 3 (two long values, one short)", n)
+	}
+	key := appendKeyMax(nil, "shapes", svD("b", long1).Entries, 5)
+	if len(key) > 100 || !bytes.Contains(key, []byte(keyDigestPrefix)) {
+		t.Errorf("key of a long value: %d bytes %q, want a short digest key", len(key), key)
+	}
+	if st, ok := h.store.Get(svT0, key); !ok || st.Count != 2 {
+		t.Errorf("digest key holds %+v (found %v), want count 2", st, ok)
+	}
 }

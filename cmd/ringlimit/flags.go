@@ -143,7 +143,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	fs.IntVar(&c.MaxKeys, "max-keys", 1<<20, "most counters kept in memory on this node; beyond it expired then least recently used ones are evicted (0: unbounded)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
 	fs.IntVar(&c.MaxEntries, "max-entries", 16, "most entries in one descriptor")
-	fs.IntVar(&c.MaxValueLen, "max-value-len", 1024, "longest descriptor value in bytes")
+	fs.IntVar(&c.MaxValueLen, "max-value-len", 1024, "longest descriptor value kept in a counter key as is; a longer one is counted under its SHA-256 digest")
 	fs.IntVar(&c.MaxKeyLen, "max-key-len", 256, "longest descriptor entry key (and domain) in bytes")
 	fs.IntVar(&c.MaxRequestSize, "max-request-bytes", 256<<10, "largest encoded RLS request in bytes (gRPC and /json)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM may take to drain before exiting")
