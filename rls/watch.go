@@ -28,7 +28,14 @@ type Watcher struct {
 	onLoad  func(*Config)
 	onError func(error)
 	fsw     *fsnotify.Watcher
-	filter  func(name string) bool // relevant event base names
+	filter  func(name string) bool // relevant event base names in dir
+	dir     string                 // the directory watched for the config's files
+	// target is where dir resolves to, through symlinks, when it was
+	// last watched; links maps the parent directory of each symlink on the
+	// way to the name of that symlink: those directories are watched too,
+	// for a swap of the link (see NewWatcher).
+	target string
+	links  map[string]string
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -44,7 +51,11 @@ type Watcher struct {
 // atomic "..data" symlink swap of a Kubernetes ConfigMap mount; dotfile
 // changes other than "..data" are ignored. For a file it watches the parent
 // directory and reacts to the file's name and "..data". Subdirectories are
-// not watched.
+// not watched. When the watched directory is reached through symlinks (a
+// ConfigMap item under a subdirectory, config -> ..data/config, or the
+// reference's swapped /srv/runtime_data/current), the directory holding
+// each symlink is watched too, for a swap of that link or of "..data", and
+// after each reload the watch follows the links to their new target.
 //
 // The callbacks run on the Watcher's goroutine, one at a time; they must not
 // call Close. Both must be non-nil.
@@ -72,11 +83,52 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 	}
 	w := &Watcher{
 		path: path, opt: opt, onLoad: onLoad, onError: onError,
-		fsw: fsw, filter: filter,
-		done: make(chan struct{}), exited: make(chan struct{}),
+		fsw: fsw, filter: filter, dir: filepath.Clean(dir),
+		links: map[string]string{},
+		done:  make(chan struct{}), exited: make(chan struct{}),
+	}
+	w.target, _ = filepath.EvalSymlinks(dir)
+	for p := w.dir; ; {
+		parent := filepath.Dir(p)
+		if parent == p {
+			break
+		}
+		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
+			if err := fsw.Add(parent); err == nil { // best effort: the directory itself is watched
+				w.links[parent] = filepath.Base(p)
+			}
+		}
+		p = parent
 	}
 	go w.run()
 	return w, nil
+}
+
+// relevant reports whether an event for name may change the config.
+func (w *Watcher) relevant(name string) bool {
+	dir, base := filepath.Dir(name), filepath.Base(name)
+	if dir == w.dir {
+		return w.filter(base)
+	}
+	if link, ok := w.links[dir]; ok {
+		return base == link || base == "..data"
+	}
+	return false
+}
+
+// follow re-watches dir when its symlinks now lead elsewhere, so that the
+// next swap is seen too.
+func (w *Watcher) follow() {
+	t, err := filepath.EvalSymlinks(w.dir)
+	if err != nil || t == w.target {
+		return
+	}
+	_ = w.fsw.Remove(w.dir) // gone with its target, possibly
+	if err := w.fsw.Add(w.dir); err != nil {
+		w.onError(fmt.Errorf("rls: watch %s: %w", w.path, err))
+		return
+	}
+	w.target = t
 }
 
 // watchDirFilter accepts the files Load reads and the ConfigMap swap.
@@ -111,7 +163,7 @@ func (w *Watcher) run() {
 			if !ok {
 				return
 			}
-			if ev.Op == fsnotify.Chmod || !w.filter(filepath.Base(ev.Name)) {
+			if ev.Op == fsnotify.Chmod || !w.relevant(ev.Name) {
 				continue
 			}
 			now := time.Now()
@@ -128,6 +180,7 @@ func (w *Watcher) run() {
 			w.onError(fmt.Errorf("rls: watch %s: %w", w.path, err))
 		case <-timer.C:
 			pending = false
+			w.follow()
 			cfg, err := Load(w.path, w.opt)
 			select {
 			case <-w.done:

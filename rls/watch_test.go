@@ -129,6 +129,29 @@ func TestWatchDirectory(t *testing.T) {
 	}
 }
 
+// watchConfigMapSwapper returns a function that updates a ConfigMap mount
+// as the kubelet does: a new timestamped directory holding sub/ratelimit.yaml,
+// then a rename of the ..data symlink to it, then (removeOld) the removal of
+// the previous directory.
+func watchConfigMapSwapper(t *testing.T, mount, sub string, removeOld bool) func(content string) {
+	version := 0
+	return func(content string) {
+		t.Helper()
+		version++
+		ts := "..2026_01_01_00_00_0" + strconv.Itoa(version)
+		cfgWrite(t, mount, map[string]string{filepath.Join(ts, sub, "ratelimit.yaml"): content})
+		cfgSymlink(t, ts, filepath.Join(mount, "..data_tmp"))
+		if err := os.Rename(filepath.Join(mount, "..data_tmp"), filepath.Join(mount, "..data")); err != nil {
+			t.Fatal(err)
+		}
+		if removeOld && version > 1 {
+			if err := os.RemoveAll(filepath.Join(mount, "..2026_01_01_00_00_0"+strconv.Itoa(version-1))); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+}
+
 // TestWatchConfigMap swaps a Kubernetes ConfigMap mount atomically (a new
 // timestamped directory, then a rename of the ..data symlink), watching the
 // directory and, as a file, the symlinked config.
@@ -141,45 +164,76 @@ func TestWatchConfigMap(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			defer goleak.VerifyNone(t)
 			dir := t.TempDir()
-			version := 0
-			swap := func(content string) {
-				t.Helper()
-				version++
-				ts := "..2026_01_01_00_00_0" + strconv.Itoa(version)
-				cfgWrite(t, dir, map[string]string{filepath.Join(ts, "ratelimit.yaml"): content})
-				cfgSymlink(t, ts, filepath.Join(dir, "..data_tmp"))
-				if err := os.Rename(filepath.Join(dir, "..data_tmp"), filepath.Join(dir, "..data")); err != nil {
-					t.Fatal(err)
-				}
-			}
+			swap := watchConfigMapSwapper(t, dir, "", false)
 			swap(cfgRule("cm", "k", 100))
 			cfgSymlink(t, "..data/ratelimit.yaml", filepath.Join(dir, "ratelimit.yaml"))
 			path := dir
 			if asFile {
 				path = filepath.Join(dir, "ratelimit.yaml")
 			}
-			c, err := Load(path, LoadOptions{})
-			if err != nil || c.Dump() != watchDump("cm", "k", 100) {
-				t.Fatalf("initial load: %v %q", err, c.Dump())
-			}
-
-			var rec watchRecorder
-			w, err := NewWatcher(path, LoadOptions{}, rec.onLoad, rec.onError)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer w.Close()
-
-			swap(cfgRule("cm", "k", 200))
-			watchWaitFor(t, "the swap", func() bool { return rec.lastDump() == watchDump("cm", "k", 200) })
-			swap("domain: cm\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]\n")
-			watchWaitFor(t, "the bad swap", func() bool {
-				return strings.Contains(rec.lastErr(), "invalid rate limit unit 'fortnight'")
-			})
-			swap(cfgRule("cm", "k", 300))
-			watchWaitFor(t, "the good swap", func() bool { return rec.lastDump() == watchDump("cm", "k", 300) })
+			watchSwaps(t, path, swap)
 		})
 	}
+}
+
+// TestWatchSymlinkedDirectory watches a config directory reached through
+// symlinks that a swap replaces: a ConfigMap whose items sit under a
+// subdirectory (config -> ..data/config), and the reference's layout, where
+// current -> a release directory is swapped. Every swap must reload, not
+// only the first (which the deletion of the old directory's files shows
+// even without following the link).
+func TestWatchSymlinkedDirectory(t *testing.T) {
+	for _, removeOld := range []bool{false, true} {
+		t.Run("configmap/removeOld="+strconv.FormatBool(removeOld), func(t *testing.T) {
+			defer goleak.VerifyNone(t)
+			mount := t.TempDir()
+			swap := watchConfigMapSwapper(t, mount, "config", removeOld)
+			swap(cfgRule("cm", "k", 100))
+			cfgSymlink(t, filepath.Join("..data", "config"), filepath.Join(mount, "config"))
+			watchSwaps(t, filepath.Join(mount, "config"), swap)
+		})
+	}
+	t.Run("release symlink", func(t *testing.T) {
+		defer goleak.VerifyNone(t)
+		root := t.TempDir()
+		version := 0
+		swap := func(content string) {
+			t.Helper()
+			version++
+			rel := "release-" + strconv.Itoa(version)
+			cfgWrite(t, root, map[string]string{filepath.Join(rel, "ratelimit", "config", "ratelimit.yaml"): content})
+			cfgSymlink(t, rel, filepath.Join(root, "current.tmp"))
+			if err := os.Rename(filepath.Join(root, "current.tmp"), filepath.Join(root, "current")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		swap(cfgRule("cm", "k", 100))
+		watchSwaps(t, filepath.Join(root, "current", "ratelimit", "config"), swap)
+	})
+}
+
+// watchSwaps loads path (whose config swap has written with 100), watches
+// it, and checks that three more swaps, one of them bad, each reload.
+func watchSwaps(t *testing.T, path string, swap func(content string)) {
+	t.Helper()
+	c, err := Load(path, LoadOptions{})
+	if err != nil || c.Dump() != watchDump("cm", "k", 100) {
+		t.Fatalf("initial load: %v %q", err, c.Dump())
+	}
+	var rec watchRecorder
+	w, err := NewWatcher(path, LoadOptions{}, rec.onLoad, rec.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	swap(cfgRule("cm", "k", 200))
+	watchWaitFor(t, "the first swap", func() bool { return rec.lastDump() == watchDump("cm", "k", 200) })
+	swap("domain: cm\ndescriptors: [{key: k, rate_limit: {unit: fortnight}}]\n")
+	watchWaitFor(t, "the bad swap", func() bool {
+		return strings.Contains(rec.lastErr(), "invalid rate limit unit 'fortnight'")
+	})
+	swap(cfgRule("cm", "k", 300))
+	watchWaitFor(t, "the third swap", func() bool { return rec.lastDump() == watchDump("cm", "k", 300) })
 }
 
 func TestWatchFilters(t *testing.T) {
