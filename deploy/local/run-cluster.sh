@@ -41,23 +41,33 @@ for i in $(seq 0 $((N - 1))); do
 		"$i" $((8081 + off)) $((8080 + off)) $((6070 + off)) $((7946 + i)) "$LOGDIR/ringlimit-$i.log"
 done
 
-# Wait (bounded) until every node reports healthy.
+# Wait (bounded, 10 s per node) until every node reports healthy.
 for i in $(seq 0 $((N - 1))); do
 	url="http://127.0.0.1:$((8080 + i * 100))/healthcheck"
+	healthy=0
 	for _ in $(seq 1 100); do
-		if curl -fsS "$url" >/dev/null 2>&1; then break; fi
+		if curl -fsS "$url" >/dev/null 2>&1; then healthy=1; break; fi
 		if ! kill -0 "${pids[$i]}" 2>/dev/null; then echo "ringlimit-$i exited; see its log:"; tail -20 "$LOGDIR/ringlimit-$i.log"; exit 1; fi
 		sleep 0.1
 	done
+	if [ "$healthy" != 1 ]; then
+		echo "ringlimit-$i is not healthy after 10 s ($url); its log:"
+		tail -20 "$LOGDIR/ringlimit-$i.log"
+		exit 1
+	fi
 done
+
+# The addresses to try: the last node's HTTP port, every node's gRPC port.
+last_http=127.0.0.1:$((8080 + (N - 1) * 100))
+grpc_all=$(seq 0 $((N - 1)) | awk '{ printf "%s127.0.0.1:%d", (NR > 1 ? "," : ""), 8081 + $1 * 100 }')
 
 cat <<MSG
 
 cluster of $N ready. Try (any node answers for any key):
   $BIN check --addr 127.0.0.1:8081 --domain ratelimit --descriptor remote_address=10.0.0.1,PATH=/login
-  curl -s -XPOST 127.0.0.1:8180/json -d '{"domain":"ratelimit","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"},{"key":"PATH","value":"/login"}]}]}'
+  curl -s -XPOST $last_http/json -d '{"domain":"ratelimit","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"},{"key":"PATH","value":"/login"}]}]}'
   curl -s 127.0.0.1:6070/debug/cluster
-  $BIN bench --addr 127.0.0.1:8081,127.0.0.1:8181,127.0.0.1:8281 -n 20000 -c 32
+  $BIN bench --addr $grpc_all -n 20000 -c 32
 Ctrl-C stops all nodes.
 MSG
 wait
