@@ -161,6 +161,9 @@ func TestMigrationEnvVars(t *testing.T) {
 		{[]string{"HOST=127.0.0.9"}, map[string]string{"HTTPAddr": "127.0.0.9:8080"}},
 		{[]string{"GRPC_PORT=9081"}, map[string]string{"GRPCAddr": ":9081"}},
 		{[]string{"LOG_LEVEL=debug", "LOG_FORMAT=json"}, map[string]string{"LogLevel": "debug", "LogFormat": "json"}},
+		// The reference's logrus levels that slog lacks start too.
+		{[]string{"LOG_LEVEL=trace"}, map[string]string{"LogLevel": "trace"}},
+		{[]string{"LOG_LEVEL=fatal"}, map[string]string{"LogLevel": "fatal"}},
 		{[]string{"SHADOW_MODE=true"}, map[string]string{"ShadowMode": "true"}},
 		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"StopIncrement": "true"}},
 		{[]string{"NEAR_LIMIT_RATIO=0.9"}, map[string]string{"NearLimitRatio": "0.9"}},

@@ -130,7 +130,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GRPCAddr, "grpc-addr", ":8081", "gRPC listen address (RLS v3, gRPC health, peer RPCs)", hostPortEnv("GRPC_HOST", "GRPC_PORT", "8081"))
 	str(&c.HTTPAddr, "http-addr", ":8080", "HTTP listen address (/healthcheck, /json)", hostPortEnv("HOST", "PORT", "8080"))
 	str(&c.DebugAddr, "debug-addr", ":6070", "debug listen address (/metrics, /rlconfig, /debug/pprof/, /debug/cluster)", hostPortEnv("DEBUG_HOST", "DEBUG_PORT", "6070"))
-	str(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error", plainEnv("LOG_LEVEL"))
+	str(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error (the reference's trace counts as debug, fatal and panic as error)", plainEnv("LOG_LEVEL"))
 	str(&c.LogFormat, "log-format", "text", "log format: text or json", plainEnv("LOG_FORMAT"))
 	boolean(&c.ShadowMode, "shadow-mode", false, "global shadow mode: count as usual but always answer OK overall", plainEnv("SHADOW_MODE"))
 	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "a request over the limit on any descriptor consumes no quota", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
@@ -227,7 +227,7 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, fmt.Errorf("serve: --near-limit-ratio: %v is not in (0, 1]", c.NearLimitRatio))
 	}
 	switch strings.ToLower(c.LogLevel) {
-	case "debug", "info", "warn", "warning", "error":
+	case "debug", "info", "warn", "warning", "error", "trace", "fatal", "panic": // the last three: the reference's logrus levels
 	default:
 		errs = append(errs, fmt.Errorf("serve: --log-level: unknown level %q (debug, info, warn, error)", c.LogLevel))
 	}

@@ -62,12 +62,14 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 
 func newLogger(c *serveConfig, w io.Writer) *slog.Logger {
 	var level slog.Level
+	// trace, fatal and panic are the reference's (logrus) levels beyond
+	// slog's: the nearest slog level.
 	switch strings.ToLower(c.LogLevel) {
-	case "debug":
+	case "debug", "trace":
 		level = slog.LevelDebug
 	case "warn", "warning":
 		level = slog.LevelWarn
-	case "error":
+	case "error", "fatal", "panic":
 		level = slog.LevelError
 	}
 	opts := &slog.HandlerOptions{Level: level}
