@@ -69,6 +69,9 @@ func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
 		}
 		return
 	}
+	if gone {
+		delete(m.badMeta, name) // bounded by the live nodes, not by churn
+	}
 	state := MemberAlive
 	switch {
 	case meta.Leaving:
@@ -90,13 +93,19 @@ func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
 	if name != m.name && state == MemberAlive {
 		m.joined.Store(true) // someone joined us: we are in a cluster
 	}
+	m.forgetGoneLocked(now)
+	m.mu.Unlock()
+	m.mshipSignal()
+}
+
+// forgetGoneLocked drops the nodes that have been dead or left for longer
+// than mshipForgetGone. m.mu is held.
+func (m *Membership) forgetGoneLocked(now time.Time) {
 	for k, v := range m.nodes {
 		if k != m.name && v.member.State != MemberAlive && now.Sub(v.since) > mshipForgetGone {
 			delete(m.nodes, k)
 		}
 	}
-	m.mu.Unlock()
-	m.mshipSignal()
 }
 
 // mshipSignal notes that the member table changed, without ever blocking.

@@ -379,6 +379,7 @@ func mshipPickAlive(nodes map[string]*mshipNode) []Member {
 // kept for about two minutes; nodes with undecodable metadata are omitted.
 func (m *Membership) All() []Member {
 	m.mu.Lock()
+	m.forgetGoneLocked(time.Now()) // a quiet cluster has no event to do it
 	out := make([]Member, 0, len(m.nodes))
 	for _, n := range m.nodes {
 		out = append(out, n.member)

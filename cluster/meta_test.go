@@ -2,8 +2,13 @@ package cluster
 
 import (
 	"bytes"
+	"log/slog"
+	"net"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hashicorp/memberlist"
 )
 
 func TestMshipMetaRoundTrip(t *testing.T) {
@@ -127,4 +132,42 @@ func FuzzMshipMeta(f *testing.F) {
 			t.Fatalf("re-decode: got %+v, %v; want %+v", m2, err, m)
 		}
 	})
+}
+
+// The member table forgets what it should: a node that had undecodable
+// metadata once is no longer remembered for it when it is gone (it was kept
+// for good, growing with churn), and a node dead for longer than
+// mshipForgetGone leaves All even when no event arrives after it (a quiet
+// cluster).
+func TestMembershipObserveForgets(t *testing.T) {
+	m := &Membership{name: "self", nodes: map[string]*mshipNode{}, badMeta: map[string]struct{}{},
+		changed: make(chan struct{}, 1), logger: slog.New(slog.DiscardHandler)}
+	good, err := mshipEncodeMeta(mshipMeta{ID: "b", GRPCAddr: "127.0.0.1:8081", Started: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := func(meta []byte) *memberlist.Node {
+		return &memberlist.Node{Name: "b", Addr: net.IPv4(127, 0, 0, 1), Port: 7946, Meta: meta}
+	}
+	m.mshipObserve(node([]byte{0xff}), false)
+	if _, ok := m.badMeta["b"]; !ok {
+		t.Fatal("undecodable metadata not noted")
+	}
+	m.mshipObserve(node(good), false)
+	if got := m.All(); len(got) != 1 || got[0].State != MemberAlive {
+		t.Fatalf("All = %+v, want b alive", got)
+	}
+	m.mshipObserve(node(good), true)
+	if got := m.All(); len(got) != 1 || got[0].State != MemberDead {
+		t.Fatalf("All = %+v, want b dead", got)
+	}
+	if _, ok := m.badMeta["b"]; ok {
+		t.Error("a gone node is still noted as undecodable")
+	}
+	m.mu.Lock()
+	m.nodes["b"].since = time.Now().Add(-mshipForgetGone - time.Second)
+	m.mu.Unlock()
+	if got := m.All(); len(got) != 0 {
+		t.Errorf("All = %+v after b was dead for longer than %v, want nothing", got, mshipForgetGone)
+	}
 }
