@@ -105,7 +105,8 @@ type Node struct {
 	syncTimeout    time.Duration
 	pauseThreshold time.Duration
 	mono           func() time.Duration
-	lastTick       atomic.Int64 // mono at the pause detector's last look, ns
+	lastTick       atomic.Int64  // mono at the pause detector's last look, ns
+	pauseGen       atomic.Uint64 // pauses detected so far (see resync)
 
 	viewMu sync.Mutex // serialises rebuilds
 	alive  []Member   // the membership's last view, under viewMu

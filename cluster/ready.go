@@ -43,25 +43,41 @@ func (n *Node) lifecycle() {
 	}
 }
 
-// resync leaves the rings, syncs from the peers and goes ready again.
+// resync leaves the rings, syncs from the peers and goes ready again. A
+// pause detected while it syncs makes it sync again before it goes ready:
+// going ready would clear the refusal that pause set, with counters that
+// may have gone stale meanwhile.
 func (n *Node) resync(why string) {
 	if n.draining.Load() {
 		return
 	}
 	n.setReady(false)
-	start := time.Now()
-	got, err := n.syncFromPeers(n.ctx)
-	if n.ctx.Err() != nil {
-		return
-	}
-	took := time.Since(start)
-	n.rm.syncDur.Observe(took.Seconds())
-	if err != nil {
-		n.rm.syncs.WithLabelValues("partial").Inc()
-		n.log.Warn("cluster: sync incomplete; going ready with what arrived", "why", why, "entries", got, "took", took, "err", err)
-	} else {
-		n.rm.syncs.WithLabelValues("ok").Inc()
-		n.log.Info("cluster: synced counters from peers", "why", why, "entries", got, "took", took)
+	for {
+		gen := n.pauseGen.Load()
+		start := time.Now()
+		got, err := n.syncFromPeers(n.ctx)
+		if n.ctx.Err() != nil {
+			return
+		}
+		took := time.Since(start)
+		n.rm.syncDur.Observe(took.Seconds())
+		if err != nil {
+			n.rm.syncs.WithLabelValues("partial").Inc()
+			n.log.Warn("cluster: sync incomplete; going ready with what arrived", "why", why, "entries", got, "took", took, "err", err)
+		} else {
+			n.rm.syncs.WithLabelValues("ok").Inc()
+			n.log.Info("cluster: synced counters from peers", "why", why, "entries", got, "took", took)
+		}
+		// A pause so far is handled here, so its kick is spent; one
+		// after this check kicks the lifecycle again.
+		select {
+		case <-n.resyncKick:
+		default:
+		}
+		if n.pauseGen.Load() == gen || n.draining.Load() {
+			break
+		}
+		why = "paused while syncing"
 	}
 	n.setReady(true)
 }
@@ -134,6 +150,7 @@ func (n *Node) stalled() bool {
 // paused refuses Decide at once and has the lifecycle re-sync.
 func (n *Node) paused(gap time.Duration) {
 	n.rm.pauses.Inc()
+	n.pauseGen.Add(1)
 	n.log.Warn("cluster: this process was paused; re-syncing counters before answering again", "gap", gap)
 	if n.draining.Load() {
 		return
