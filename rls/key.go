@@ -44,6 +44,26 @@ func keyAppendString(dst []byte, s string) []byte {
 // the bound: the prefix, then the value's SHA-256 in hex.
 const keyDigestPrefix = "sha256:"
 
+// MaxCounterKeyLen bounds the counter keys the Service hands to its
+// Counter: a longer key (many entries with long values) is replaced by the
+// domain and one entry, keyDigestPrefix as its key and the SHA-256 of the
+// whole key in hex as its value. Cluster peers accept keys up to 8 KiB, so
+// every key can be decided at its owner.
+const MaxCounterKeyLen = 4 << 10
+
+// capKey shortens the key that starts at dst[start:], for domain, to its
+// digest form when it is longer than MaxCounterKeyLen.
+func capKey(dst []byte, start int, domain string) []byte {
+	if len(dst)-start <= MaxCounterKeyLen {
+		return dst
+	}
+	sum := sha256.Sum256(dst[start:])
+	dst = keyAppendString(dst[:start], domain)
+	dst = keyAppendString(dst, keyDigestPrefix)
+	dst = binary.AppendUvarint(dst, uint64(hex.EncodedLen(len(sum))))
+	return hex.AppendEncode(dst, sum[:])
+}
+
 // keyAppendValue appends v as keyAppendString does, or, when it is longer
 // than maxValue bytes, keyDigestPrefix and its SHA-256 in hex (71 bytes): a
 // long value (a path with a long query string) still gets its own counter,

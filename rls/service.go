@@ -365,8 +365,10 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		if h := d.HitsAddend; h != nil {
 			hits = h.Value
 		}
-		offs = append(offs, len(sc.keys))
+		start := len(sc.keys)
+		offs = append(offs, start)
 		sc.keys = dom.AppendKey(sc.keys, req.Domain, d.Entries, r, s.bounds.MaxValueLen)
+		sc.keys = capKey(sc.keys, start, req.Domain)
 		sc.idx = append(sc.idx, i)
 		sc.ops = append(sc.ops, bucket.Op{Limit: r.Limit, Hits: hits})
 	}

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -920,5 +921,61 @@ func TestServiceLongValues(t *testing.T) {
 	}
 	if st, ok := h.store.Get(svT0, key); !ok || st.Count != 2 {
 		t.Errorf("digest key holds %+v (found %v), want count 2", st, ok)
+	}
+}
+
+// A counter key longer than MaxCounterKeyLen (many entries with long
+// values, each under the value bound) is replaced by the digest of the whole
+// key, so that it can still be forwarded to its owner; distinct descriptors
+// keep distinct counters.
+func TestServiceLongKeys(t *testing.T) {
+	const cfg = `domain: long
+descriptors:
+  - key: k0
+    descriptors:
+      - key: k1
+        descriptors:
+          - key: k2
+            descriptors:
+              - key: k3
+                descriptors:
+                  - key: k4
+                    descriptors:
+                      - key: k5
+                        descriptors:
+                          - key: k6
+                            descriptors:
+                              - key: k7
+                                rate_limit: {unit: minute, requests_per_unit: 10}
+`
+	h := svNew(t, cfg, Options{})
+	entries := func(fill string) *rlv3.RateLimitDescriptor {
+		var kv []string
+		for i := range 8 {
+			kv = append(kv, "k"+strconv.Itoa(i), strings.Repeat(fill, 1000))
+		}
+		return svD(kv...)
+	}
+	lim := func(rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(svOK, 10, svMinute, "", rem, 60)
+	}
+	svRun(t, h, []svStep{
+		{at: svT0, req: svReq("long", 0, entries("a")), want: svResp(svOK, lim(9))},
+		{at: svT0, req: svReq("long", 0, entries("a")), want: svResp(svOK, lim(8))},
+		{at: svT0, req: svReq("long", 0, entries("b")), want: svResp(svOK, lim(9))},
+	})
+	full := AppendKey(nil, "long", entries("a").Entries)
+	if len(full) <= MaxCounterKeyLen {
+		t.Fatalf("test key is %d bytes, want more than %d", len(full), MaxCounterKeyLen)
+	}
+	key := capKey(full, 0, "long")
+	if len(key) > 100 {
+		t.Errorf("capped key is %d bytes", len(key))
+	}
+	if st, ok := h.store.Get(svT0, key); !ok || st.Count != 2 {
+		t.Errorf("capped key holds %+v (found %v), want count 2", st, ok)
+	}
+	if _, _, err := ParseKey(key); err != nil {
+		t.Errorf("capped key does not parse: %v", err)
 	}
 }
