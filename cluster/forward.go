@@ -91,10 +91,11 @@ type ForwarderConfig struct {
 	// received batch. Nil means the wall clock.
 	Clock func() int64
 	// DialOptions are used to dial peers. Nil means insecure (plaintext)
-	// credentials. Short reconnect backoff (50 ms to 1 s) and keepalive
-	// pings (after 10 s without a read; no answer in 3 s closes the
-	// connection) are always set first, so these options may override
-	// them. Peers' servers must accept the pings: see ServerOptions.
+	// credentials. Short reconnect backoff (50 ms to 1 s), fixed 4 MiB flow
+	// control windows (see peerWindow) and keepalive pings (after 10 s
+	// without a read; no answer in 3 s closes the connection) are always
+	// set first, so these options may override them. Peers' servers must
+	// accept the pings: see ServerOptions.
 	DialOptions []grpc.DialOption
 	// MaxBatch is the most ops per peer batch: 1 to 4096, 0 means
 	// DefaultMaxBatch.
@@ -205,11 +206,12 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	f.dialOpts = []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
 		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
 		MinConnectTimeout: time.Second,
-	}), grpc.WithKeepaliveParams(keepalive.ClientParameters{
-		Time:                peerKeepaliveTime,
-		Timeout:             peerKeepaliveTimeout,
-		PermitWithoutStream: true,
-	})}
+	}), grpc.WithInitialWindowSize(peerWindow), grpc.WithInitialConnWindowSize(peerWindow),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:                peerKeepaliveTime,
+			Timeout:             peerKeepaliveTimeout,
+			PermitWithoutStream: true,
+		})}
 	if cfg.DialOptions == nil {
 		f.dialOpts = append(f.dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	} else {

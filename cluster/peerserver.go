@@ -56,13 +56,26 @@ const (
 	peerServerPingTimeout = 10 * time.Second
 )
 
+// peerWindow is the HTTP/2 flow-control window, per stream and per
+// connection, of peer connections and of the server's connections (see
+// ServerOptions). A fixed window turns off gRPC's bandwidth estimation,
+// which pings the sender after reads to size the window: with many small
+// messages those pings are extra frames, writes and wake-ups on both sides
+// (3 to 5% of the server CPU per call of a three-node cluster, measured
+// interleaved). 4 MiB holds any message gRPC accepts by default, so flow
+// control never splits one, and moves a sync at gigabytes per second at
+// LAN round trips; a window is credit, not a buffer allocated up front.
+const peerWindow = 4 << 20
+
 // ServerOptions are the gRPC server options a server that serves the Peer
 // service (see Register) needs: it must accept the peers' keepalive pings,
 // which gRPC's default policy (one per 5 minutes) answers by closing the
-// connection, and it pings idle clients itself. They apply to every client
-// of that server, which for a node is Envoy too: pings are part of HTTP/2.
+// connection, and it pings idle clients itself; its flow-control window is
+// fixed (peerWindow). They apply to every client of that server, which for
+// a node is Envoy too: pings and windows are part of HTTP/2.
 func ServerOptions() []grpc.ServerOption {
 	return []grpc.ServerOption{
+		grpc.InitialWindowSize(peerWindow), grpc.InitialConnWindowSize(peerWindow),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{
 			MinTime:             peerKeepaliveTime / 2,
 			PermitWithoutStream: true,
