@@ -4,8 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -30,16 +34,21 @@ const (
 
 // handoffLoop runs a handoff after each ring change, coalescing changes
 // that arrive while one runs. A handoff that did not reach every peer is
-// run again with backoff against the same old ring (so every key it had to
-// move is pushed again; merging makes the repeats harmless) until one
-// succeeds. It returns when the node closes.
+// run again with backoff against the same old ring, for the peers that
+// failed only while the ring stays as it was (for every peer once it has
+// changed again), until one succeeds. Merging makes the repeats harmless.
+// It returns when the node closes.
 func (n *Node) handoffLoop() {
 	defer n.wg.Done()
 	last := n.view.Load().ring
 	retry := time.NewTimer(time.Hour)
 	retry.Stop()
 	defer retry.Stop()
-	fails := 0
+	var (
+		fails   int
+		failed  map[string]error // the peers the last handoff missed
+		against *ring.Ring       // the ring that handoff ran for
+	)
 	for {
 		select {
 		case <-n.ctx.Done():
@@ -49,21 +58,26 @@ func (n *Node) handoffLoop() {
 		}
 		cur := n.view.Load().ring
 		if ringSameMembers(last, cur) {
-			last, fails = cur, 0
+			last, fails, failed = cur, 0, nil
 			retry.Stop()
 			continue
 		}
+		var only map[string]error
+		if failed != nil && ringSameMembers(against, cur) {
+			only = failed
+		}
 		start := time.Now()
-		pushed, err := n.handoff(n.ctx, last, cur)
+		pushed, missed := n.handoff(n.ctx, last, cur, only)
 		if n.ctx.Err() != nil {
 			return
 		}
-		if err != nil {
+		if len(missed) > 0 {
 			fails++
+			failed, against = missed, cur
 			n.rm.handoffFailures.Inc()
 			wait := min(handoffRetryMax, handoffRetryMin<<min(fails-1, 10))
 			if fails == 1 || fails%10 == 0 {
-				n.log.Warn("cluster: handoff incomplete; retrying", "pushed", pushed, "failures", fails, "retry_in", wait, "err", err)
+				n.log.Warn("cluster: handoff incomplete; retrying", "pushed", pushed, "failures", fails, "retry_in", wait, "err", joinPeerErrs(missed))
 			}
 			retry.Reset(wait)
 			continue
@@ -71,15 +85,16 @@ func (n *Node) handoffLoop() {
 		if fails > 0 || pushed > 0 {
 			n.log.Info("cluster: handed off counters after a ring change", "pushed", pushed, "took", time.Since(start), "after_failures", fails)
 		}
-		last, fails = cur, 0
+		last, fails, failed = cur, 0, nil
 		retry.Stop()
 	}
 }
 
 // handoff pushes every live key whose replica set differs between old and
-// cur to its replica set on cur, minus this node. It returns how many
-// entries reached a peer.
-func (n *Node) handoff(ctx context.Context, old, cur *ring.Ring) (int, error) {
+// cur to its replica set on cur, minus this node, and only to the peers in
+// only when it is not nil. It returns how many entries reached a peer and
+// the peers it could not reach.
+func (n *Node) handoff(ctx context.Context, old, cur *ring.Ring, only map[string]error) (int, map[string]error) {
 	p := n.newPusher(ctx, n.rm.handoff.WithLabelValues("ring_change"))
 	var was, is []string
 	n.store.Range(n.clock(), func(key []byte, st bucket.State) bool {
@@ -89,13 +104,14 @@ func (n *Node) handoff(ctx context.Context, old, cur *ring.Ring) (int, error) {
 			return true
 		}
 		for _, d := range is {
-			if d != n.self {
+			if _, retry := only[d]; d != n.self && (only == nil || retry) {
 				p.add(d, key, st)
 			}
 		}
 		return ctx.Err() == nil
 	})
-	return p.flush()
+	p.flush()
+	return p.pushed, p.failed
 }
 
 // Drain hands this node's counters off before it leaves: it stops counting
@@ -177,7 +193,14 @@ func (p *pusher) send(d string, b *replBatch) {
 		p.failed[d] = errReplNoClient
 		return
 	}
+	n := b.len()
 	if err := b.send(p.ctx, c, p.n.self); err != nil {
+		if status.Code(err) == codes.InvalidArgument {
+			// Refused as invalid (a peer of another version): sent again
+			// it would be refused again. Counted like replication's.
+			p.n.rm.drop[replDropRefused].Add(float64(n))
+			return
+		}
 		p.failed[d] = err
 		return
 	}
@@ -193,11 +216,17 @@ func (p *pusher) flush() (int, error) {
 			p.send(d, b)
 		}
 	}
+	return p.pushed, joinPeerErrs(p.failed)
+}
+
+// joinPeerErrs joins the errors of failed peers, each naming its peer, in
+// peer order (nil when none failed).
+func joinPeerErrs(failed map[string]error) error {
 	var errs []error
-	for d, err := range p.failed {
-		errs = append(errs, fmt.Errorf("peer %s: %w", d, err))
+	for _, d := range slices.Sorted(maps.Keys(failed)) {
+		errs = append(errs, fmt.Errorf("peer %s: %w", d, failed[d]))
 	}
-	return p.pushed, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // sameSet reports whether a and b hold the same IDs (they are short and

@@ -52,8 +52,9 @@ func (n *Node) resync(why string) {
 		return
 	}
 	n.setReady(false)
+	var gen uint64
 	for {
-		gen := n.pauseGen.Load()
+		gen = n.pauseGen.Load()
 		start := time.Now()
 		got, err := n.syncFromPeers(n.ctx)
 		if n.ctx.Err() != nil {
@@ -80,6 +81,12 @@ func (n *Node) resync(why string) {
 		why = "paused while syncing"
 	}
 	n.setReady(true)
+	if n.pauseGen.Load() != gen {
+		// Paused between the check and setReady, which let Decide in
+		// again: refuse it until the lifecycle, kicked by that pause,
+		// re-syncs.
+		n.fwd.setServing(false)
+	}
 }
 
 // setReady changes this node's readiness. Going down it first stops

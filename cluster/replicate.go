@@ -54,9 +54,10 @@ var errReplNoClient = errors.New("cluster: replicate: no connection to peer")
 // state, and sends one Replicate RPC per destination. Each destination has
 // at most one send in flight; what accumulates meanwhile, or what a failed
 // send gives back, waits in the destination's bounded backlog and is sent
-// again with backoff until the destination leaves the ring. A send the
+// again with backoff until the destination leaves the ring. A batch the
 // destination refuses as invalid (InvalidArgument: a peer of another
-// version, say) is dropped instead, since it can never succeed. Nothing here
+// version, say) is dropped instead, since it can never succeed, and the
+// send goes on with the other batches. Nothing here
 // ever blocks the hit path. close stops and joins every goroutine.
 type replicator struct {
 	self     string
@@ -108,6 +109,11 @@ type replResult struct {
 	sender  *replSender
 	sent    int
 	err     error
+	// refused counts the entries of batches the destination refused as
+	// invalid (refusedErr says why): dropped, since sent again they would
+	// be refused again; the send went on with the other batches.
+	refused    int
+	refusedErr error
 }
 
 // Reasons a recorded write is dropped before it reaches a replica.
@@ -428,6 +434,14 @@ func (r *replicator) finished(res replResult) {
 	ob.inflight = false
 	ob.sender = res.sender
 	ob.lastErr = res.err
+	if res.refused > 0 {
+		// Our own states are always valid, so this is a peer that
+		// validates differently (another version).
+		if r.logDrops[replDropRefused] == 0 {
+			r.logger.Warn("cluster: replica refused replication batches; dropping them", "peer", res.dest, "entries", res.refused, "err", res.refusedErr)
+		}
+		r.dropCount(replDropRefused, res.refused)
+	}
 	if res.err == nil {
 		ob.fails = 0
 		r.m.sent.Add(float64(res.sent))
@@ -436,20 +450,6 @@ func (r *replicator) finished(res replResult) {
 		return
 	}
 	r.m.rpcErrors.Inc()
-	if status.Code(res.err) == codes.InvalidArgument {
-		// The content was refused, not the send: sent again it would be
-		// refused again, and hold back every write recorded after it.
-		// Our own states are always valid, so this is a peer that
-		// validates differently (another version).
-		if r.logDrops[replDropRefused] == 0 {
-			r.logger.Warn("cluster: replica refused a replication batch; dropping it", "peer", res.dest, "entries", len(res.entries), "err", res.err)
-		}
-		r.dropCount(replDropRefused, len(res.entries))
-		ob.fails, ob.lastErr = 0, nil // dropped and counted, not waiting
-		clear(res.entries)
-		ob.spare = res.entries
-		return
-	}
 	ob.fails++
 	backoff := min(replRetryMax, replRetryMin<<min(ob.fails-1, 10))
 	ob.retryAt = time.Now().Add(backoff)
@@ -480,22 +480,38 @@ func (r *replicator) send(dest string, entries map[string]bucket.State, s *replS
 		b := &s.batch
 		for k, st := range entries {
 			replBatchAdd(b, k, st)
-			if b.full() {
-				if res.err = s.send(r.ctx, c, r.self); res.err != nil {
-					break
-				}
-				res.sent += b.sent
+			if b.full() && !r.sendBatch(&res, s, c) {
+				break
 			}
 		}
 		if res.err == nil && b.len() > 0 {
-			res.err = s.send(r.ctx, c, r.self)
-			res.sent += b.sent
+			r.sendBatch(&res, s, c)
 		}
 	}
 	select {
 	case r.results <- res:
 	case <-r.ctx.Done():
 	}
+}
+
+// sendBatch sends s's batch to c and accounts for it in res. A batch
+// refused as invalid is counted in res.refused and the send goes on: it can
+// never succeed and must not hold back the rest. Any other error ends the
+// send (res.err); sendBatch reports whether to go on.
+func (r *replicator) sendBatch(res *replResult, s *replSender, c peerpb.PeerClient) bool {
+	n := s.batch.len()
+	err := s.send(r.ctx, c, r.self)
+	switch {
+	case err == nil:
+		res.sent += s.batch.sent
+		return true
+	case status.Code(err) == codes.InvalidArgument:
+		res.refused += n
+		res.refusedErr = err
+		return true
+	}
+	res.err = err
+	return false
 }
 
 // replSender sends one destination's batches on a ReplicateStream (opened

@@ -403,16 +403,13 @@ func TestReplicateStreamRefusal(t *testing.T) {
 	if got := opened.Load(); got != 1 {
 		t.Errorf("%d streams opened, want 1", got)
 	}
-	// The replicator counts such a refusal as a failed send and drops the
-	// refused entries (sent again, they would be refused again), so the
-	// writes recorded after them still reach the replica.
+	// The replicator drops the refused entries (sent again, they would be
+	// refused again) and counts them, so the writes recorded after them
+	// still reach the replica.
 	r := replStreamTestReplicator(t, client)
 	r.log.record([]byte("bad"), bucket.State{Window: replWindow(), Unit: 0, Count: 1})
 	if err := r.flush(context.Background()); err != nil {
 		t.Fatal(err)
-	}
-	if got := testCounterValue(t, r.m.rpcErrors); got != 1 {
-		t.Errorf("%v send errors counted, want 1", got)
 	}
 	if got := testCounterValue(t, r.m.drop[replDropRefused]); got != 1 {
 		t.Errorf("%v refused writes counted as dropped, want 1", got)
@@ -429,6 +426,30 @@ func TestReplicateStreamRefusal(t *testing.T) {
 	rec.mu.Unlock()
 	if refused {
 		t.Errorf("the refused entry reached the receiver")
+	}
+}
+
+// A refused batch costs only its own entries: the send goes on with the
+// destination's other batches, so one bad entry among more writes than one
+// batch holds does not drop the rest of the backlog.
+func TestReplicateRefusalDropsOnlyItsBatch(t *testing.T) {
+	rec := &replRecorder{got: map[string]bucket.State{}}
+	_, client, _ := replStreamServer(t, rec)
+	r := replStreamTestReplicator(t, client)
+	const good = replMaxEntries + 1000
+	r.log.record([]byte("bad"), bucket.State{Window: replWindow(), Unit: 0, Count: 1})
+	for i := range good {
+		r.log.record(fmt.Appendf(nil, "k%d", i), bucket.State{Window: replWindow(), Unit: int64(nodeUnit), Count: 1})
+	}
+	if err := r.flush(context.Background()); err != nil {
+		t.Fatalf("flush: %v (a refusal is not a failure to deliver)", err)
+	}
+	rec.mu.Lock()
+	delivered := len(rec.got)
+	rec.mu.Unlock()
+	refused := int(testCounterValue(t, r.m.drop[replDropRefused]))
+	if delivered+refused != good+1 || refused > replMaxEntries || delivered < good+1-replMaxEntries {
+		t.Errorf("delivered %d and refused %d of %d writes; want every write in a batch without the bad entry delivered", delivered, refused, good+1)
 	}
 }
 

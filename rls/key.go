@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"unsafe"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 )
@@ -73,7 +74,7 @@ func keyAppendValue(dst []byte, v string, maxValue int) []byte {
 	if len(v) <= maxValue {
 		return keyAppendString(dst, v)
 	}
-	sum := sha256.Sum256([]byte(v))
+	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(v), len(v))) // read only: no copy of v
 	dst = binary.AppendUvarint(dst, uint64(len(keyDigestPrefix)+hex.EncodedLen(len(sum))))
 	dst = append(dst, keyDigestPrefix...)
 	return hex.AppendEncode(dst, sum[:])

@@ -793,6 +793,7 @@ func TestServiceAllocs(t *testing.T) {
 		{"a config rule", seed, svReq("ratelimit", 0, svD("remote_address", "10.1.2.3", "PATH", "GET /api/healthz"))},
 		{"a request-level limit override", seed, svReq("ratelimit", 0, svLimit(svD("remote_address", "10.1.2.4"), 1000, typev3.RateLimitUnit_HOUR))},
 		{"a share_threshold rule", shared, svReq("s", 0, svD("path", "/api/x"))},
+		{"a value counted under its digest", seed, svReq("ratelimit", 0, svD("remote_address", "10.1.2.5", "PATH", strings.Repeat("/x", 1000)))},
 	}
 	ctx := context.Background()
 	for _, tt := range tests {
