@@ -73,12 +73,16 @@ trap 'stop_all' EXIT
 trap 'stop_all; exit 130' INT TERM
 
 # --- free ports on 127.0.0.1 -------------------------------------------------
+# Picked below the kernel's ephemeral range, so that no outgoing connection
+# (gRPC, gossip, the load tool's) holds one between the check and the bind.
 used=" "
+eph_lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
+[ "${eph_lo:-0}" -gt 12000 ] || eph_lo=32768
 port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 free_port() {
 	local p
 	for _ in $(seq 1 200); do
-		p=$((20000 + RANDOM % 40000))
+		p=$((10000 + RANDOM % (eph_lo - 10000)))
 		case "$used" in *" $p "*) continue ;; esac
 		if ! port_open "$p"; then
 			used="$used$p "
