@@ -88,20 +88,41 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 		done:  make(chan struct{}), exited: make(chan struct{}),
 	}
 	w.target, _ = filepath.EvalSymlinks(dir)
+	w.watchLinks()
+	go w.run()
+	return w, nil
+}
+
+// watchLinks watches the directory holding each symlink on the way to dir
+// (again, since a swapped link higher up may have moved them), and stops
+// watching those that no longer hold one. Best effort: dir itself is
+// watched regardless.
+func (w *Watcher) watchLinks() {
+	next := map[string]string{}
 	for p := w.dir; ; {
 		parent := filepath.Dir(p)
 		if parent == p {
 			break
 		}
 		if fi, err := os.Lstat(p); err == nil && fi.Mode()&os.ModeSymlink != 0 {
-			if err := fsw.Add(parent); err == nil { // best effort: the directory itself is watched
-				w.links[parent] = filepath.Base(p)
-			}
+			next[parent] = filepath.Base(p)
 		}
 		p = parent
 	}
-	go w.run()
-	return w, nil
+	for parent := range w.links {
+		if _, ok := next[parent]; !ok {
+			_ = w.fsw.Remove(parent)
+		}
+	}
+	for parent, link := range next {
+		_ = w.fsw.Remove(parent) // the path may lead elsewhere now
+		if err := w.fsw.Add(parent); err != nil {
+			delete(next, parent)
+			continue
+		}
+		next[parent] = link
+	}
+	w.links = next
 }
 
 // relevant reports whether an event for name may change the config.
@@ -129,6 +150,7 @@ func (w *Watcher) follow() {
 		return
 	}
 	w.target = t
+	w.watchLinks()
 }
 
 // watchDirFilter accepts the files Load reads and the ConfigMap swap.

@@ -210,6 +210,38 @@ func TestWatchSymlinkedDirectory(t *testing.T) {
 		swap(cfgRule("cm", "k", 100))
 		watchSwaps(t, filepath.Join(root, "current", "ratelimit", "config"), swap)
 	})
+	t.Run("nested symlinks", func(t *testing.T) {
+		// current -> a release, whose config -> a directory in it: the
+		// first swaps replace the release, the later ones the inner link of
+		// the release current then leads to.
+		defer goleak.VerifyNone(t)
+		root := t.TempDir()
+		version := 0
+		swapLink := func(dir, name, target string) {
+			t.Helper()
+			cfgSymlink(t, target, filepath.Join(dir, name+".tmp"))
+			if err := os.Rename(filepath.Join(dir, name+".tmp"), filepath.Join(dir, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		swap := func(content string) {
+			t.Helper()
+			version++
+			data := "data-" + strconv.Itoa(version)
+			if version <= 2 {
+				rel := "release-" + strconv.Itoa(version)
+				cfgWrite(t, root, map[string]string{filepath.Join(rel, data, "ratelimit.yaml"): content})
+				swapLink(filepath.Join(root, rel), "config", data)
+				swapLink(root, "current", rel)
+				return
+			}
+			rel := filepath.Join(root, "release-2")
+			cfgWrite(t, rel, map[string]string{filepath.Join(data, "ratelimit.yaml"): content})
+			swapLink(rel, "config", data)
+		}
+		swap(cfgRule("cm", "k", 100))
+		watchSwaps(t, filepath.Join(root, "current", "config"), swap)
+	})
 }
 
 // watchSwaps loads path (whose config swap has written with 100), watches
