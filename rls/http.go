@@ -1,6 +1,8 @@
 package rls
 
 import (
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 
@@ -10,8 +12,16 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 )
 
-// maxJSONBody bounds a /json request body.
-const maxJSONBody = 1 << 20
+// minJSONBody is the least bound of a /json request body; see
+// Service.maxJSONBody.
+const minJSONBody = 1 << 20
+
+// maxJSONBody bounds a /json request body: 8 times the request bound
+// (protojson is larger than the binary encoding the bound measures, which
+// is checked again after decoding), at least minJSONBody.
+func (s *Service) maxJSONBody() int64 {
+	return max(minJSONBody, 8*int64(s.bounds.MaxRequestSize))
+}
 
 // HTTPHandler serves the reference's HTTP API: /healthcheck answers 200 "OK"
 // while ready() is true (503 otherwise), and /json decides a protojson
@@ -36,8 +46,13 @@ func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "rls: /json takes a POST", http.StatusMethodNotAllowed)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxJSONBody))
+	limit := s.maxJSONBody()
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
 	if err != nil {
+		if errors.As(err, new(*http.MaxBytesError)) {
+			http.Error(w, fmt.Sprintf("rls: request body is more than the bound of %d bytes", limit), http.StatusBadRequest)
+			return
+		}
 		http.Error(w, "rls: reading body: "+err.Error(), http.StatusBadRequest)
 		return
 	}

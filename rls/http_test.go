@@ -98,8 +98,13 @@ func TestHTTPJSON(t *testing.T) {
 			http.StatusBadRequest, nil, "rate limit descriptor list must not be empty"},
 		{"empty key", http.MethodPost, `{"domain":"ratelimit","descriptors":[{"entries":[{"value":"v"}]}]}`,
 			http.StatusBadRequest, nil, "descriptors[0].entries[0]: empty key"},
-		{"body over 1 MiB", http.MethodPost,
-			`{"domain":"` + strings.Repeat("d", 1<<20) + `"}`, http.StatusBadRequest, nil, "rls: reading body"},
+		// The body bound is 8 times the request bound (256 KiB): a 1 MiB
+		// body is read and refused by the request bound, one over 2 MiB by
+		// the body bound, each naming its bound.
+		{"body of 1 MiB", http.MethodPost,
+			`{"domain":"` + strings.Repeat("d", 1<<20) + `"}`, http.StatusBadRequest, nil, "more than the bound of 262144"},
+		{"body over 2 MiB", http.MethodPost,
+			`{"domain":"` + strings.Repeat("d", 2<<20) + `"}`, http.StatusBadRequest, nil, "rls: request body is more than the bound of 2097152 bytes"},
 		{"GET", http.MethodGet, ``, http.StatusMethodNotAllowed, nil, "rls: /json takes a POST"},
 		{"PUT", http.MethodPut, `{}`, http.StatusMethodNotAllowed, nil, "rls: /json takes a POST"},
 	}

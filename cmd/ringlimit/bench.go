@@ -6,6 +6,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"math"
 	"os"
 	"strings"
 	"time"
@@ -37,7 +38,7 @@ func newBenchFlags(f *benchFlags, stderr io.Writer) *flag.FlagSet {
 	fs.IntVar(&f.n, "n", 200, "number of calls to send (ignored when -z is set)")
 	fs.DurationVar(&f.z, "z", 0, "send for this long instead of -n calls (e.g. 10s)")
 	fs.IntVar(&f.c, "c", 50, "concurrency: workers, each with one call in flight")
-	fs.Float64Var(&f.rps, "rps", 0, "cap on calls per second over all workers (0: as fast as answered)")
+	fs.Float64Var(&f.rps, "rps", 0, "calls per second over all workers, on a fixed schedule; latency is then measured from each call's scheduled time, so a call sent late (all workers busy) counts its wait, as wrk2 does (0: as fast as answered)")
 	fs.IntVar(&f.connections, "connections", 0, "gRPC connections, spread round-robin over --addr targets (0: one per target)")
 	fs.StringVar(&f.addr, "addr", "127.0.0.1:8081", "comma-separated gRPC addresses; each connection is pinned to one, as Envoy spreads over a headless Service")
 	fs.IntVar(&f.keys, "keys", 10000, "distinct keys substituted for {ip} / {key}")
@@ -89,8 +90,8 @@ func (f *benchFlags) config() (*benchConfig, error) {
 	if f.c < 1 || f.c > 10000 {
 		bad("-c: %d is not in [1, 10000]", f.c)
 	}
-	if f.rps < 0 {
-		bad("--rps: %v is negative", f.rps)
+	if f.rps < 0 || math.IsNaN(f.rps) || math.IsInf(f.rps, 0) {
+		bad("--rps: %v is not a finite rate >= 0", f.rps)
 	}
 	conns := f.connections
 	if conns == 0 {

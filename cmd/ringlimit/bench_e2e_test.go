@@ -202,6 +202,36 @@ func TestBenchClassifiesAsEnvoyWould(t *testing.T) {
 	}
 }
 
+// Paced, a call is timed from its place on the schedule: when every worker
+// is stuck for a while, the calls that then go out late count their wait
+// (as wrk2 measures), instead of reporting fast answers to calls that left
+// hundreds of milliseconds behind the schedule.
+func TestBenchPacedLatencyFromSchedule(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	f := &fakeRLS{onCall: func(n int64) {
+		if n > 50 && n <= 58 { // all 8 workers stuck at once
+			time.Sleep(300 * time.Millisecond)
+		}
+	}}
+	addr, stop := startFake(t, f)
+	defer stop()
+	j, code := runBenchJSON(t, t.Context(), "-n", "300", "-c", "8", "--rps", "200", "--addr", addr,
+		"--keys", "1", "--descriptor", "key=k3", "--deadline", "0")
+	if code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	// 8 calls took 300 ms; the ~60 scheduled during the stall left late.
+	var p90 float64
+	for _, l := range j.Latency {
+		if l.Percentile == 90 {
+			p90 = l.MS
+		}
+	}
+	if p90 < 20 {
+		t.Errorf("p90 %.3f ms: the calls sent behind the schedule did not count their wait (latency %+v)", p90, j.Latency)
+	}
+}
+
 func TestBenchInterrupted(t *testing.T) {
 	defer goleak.VerifyNone(t)
 	ctx, cancel := context.WithCancel(t.Context())
@@ -235,7 +265,9 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--addr", " , "}, "bench: --addr: no target"},
 		{[]string{"--addr", "a:1,b:2,c:3", "-c", "2"}, "bench: --connections: 3, want between the number of targets (3) and -c (2)"},
 		{[]string{"--connections", "9", "-c", "8"}, "bench: --connections: 9, want between"},
-		{[]string{"--rps", "-1"}, "bench: --rps: -1 is negative"},
+		{[]string{"--rps", "-1"}, "bench: --rps: -1 is not a finite rate >= 0"},
+		{[]string{"--rps", "NaN"}, "bench: --rps: NaN is not a finite rate >= 0"},
+		{[]string{"--rps", "+Inf"}, "bench: --rps: +Inf is not a finite rate >= 0"},
 		{[]string{"-z", "-1s"}, "bench: -z: -1s is negative"},
 		{[]string{"--dist", "pareto"}, `bench: --dist: unknown distribution "pareto"`},
 		{[]string{"--keys", "0"}, "bench: --keys: 0 is not in"},

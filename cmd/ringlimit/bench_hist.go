@@ -104,7 +104,10 @@ func (h *latencyHist) quantile(q float64) time.Duration {
 	if h.n == 0 {
 		return 0
 	}
-	rank := uint64(math.Ceil(q * float64(h.n)))
+	// q*n is rounded to 1e-9 first: 99.9/100 is 0.9990000000000001 in
+	// floating point, and the ceiling would otherwise take one rank more
+	// (the 1000th of 1000 values as the 99.9th percentile).
+	rank := uint64(math.Ceil(math.Round(q*float64(h.n)*1e9) / 1e9))
 	switch rank = min(max(rank, 1), h.n); rank {
 	case 1:
 		return time.Duration(h.min)

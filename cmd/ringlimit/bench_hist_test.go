@@ -156,3 +156,22 @@ func TestHistLinear(t *testing.T) {
 		t.Fatalf("histogram lines hold %d values, want %d", sum, h.count())
 	}
 }
+
+// The 99.9th percentile of n values where exactly 0.1% are slow is the
+// fast value: 99.9/100 is 0.9990000000000001 in floating point, and the
+// rank must not round up past the 99.9% of fast calls.
+func TestHistP999OfRoundCounts(t *testing.T) {
+	for _, n := range []int{1000, 10_000, 100_000} {
+		h := newLatencyHist()
+		for i := range n {
+			if i%1000 == 999 {
+				h.record(time.Second)
+			} else {
+				h.record(time.Millisecond)
+			}
+		}
+		if got := h.quantile(99.9 / 100); got > 2*time.Millisecond {
+			t.Errorf("n=%d: p99.9 = %v, want about 1ms (0.1%% of the calls took 1s)", n, got)
+		}
+	}
+}

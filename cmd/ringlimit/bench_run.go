@@ -99,12 +99,14 @@ func newWorkerStats(targets int) *workerStats {
 	return &workerStats{hist: newLatencyHist(), codes: map[codes.Code]*errorCount{}, perTarget: make([]uint64, targets)}
 }
 
-// record classifies one finished call as Envoy would see it.
-func (s *workerStats) record(resp *pb.RateLimitResponse, err error, lat, deadline time.Duration, target int) {
+// record classifies one finished call as Envoy would see it: lat goes to
+// the latency histogram, and call (the call itself, from send to answer) is
+// held against the deadline, as Envoy's timeout would be.
+func (s *workerStats) record(resp *pb.RateLimitResponse, err error, lat, call, deadline time.Duration, target int) {
 	s.hist.record(lat)
 	s.perTarget[target]++
 	switch {
-	case err == nil && deadline > 0 && lat > deadline:
+	case err == nil && deadline > 0 && call > deadline:
 		s.deadlineExc++
 	case err == nil:
 		switch resp.GetOverallCode() {
@@ -315,8 +317,10 @@ func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser
 		if ph.end.IsZero() && i >= ph.n {
 			return
 		}
+		var sched time.Time // the call's time on the --rps schedule
 		if ph.rps > 0 {
 			at := ph.start.Add(time.Duration(float64(i) * float64(time.Second) / ph.rps))
+			sched = at
 			if !ph.end.IsZero() && !at.Before(ph.end) {
 				return
 			}
@@ -347,13 +351,17 @@ func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser
 			return
 		}
 		err := conn.Invoke(cctx, pb.RateLimitService_ShouldRateLimit_FullMethodName, req, resp)
-		lat := time.Since(t0)
+		end := time.Now()
 		cancel()
 		if err != nil && ctx.Err() != nil {
 			return // cut by the user, not by the server: not counted
 		}
+		call, lat := end.Sub(t0), end.Sub(t0)
+		if !sched.IsZero() && sched.Before(t0) {
+			lat = end.Sub(sched) // paced: the time it waited to be sent counts
+		}
 		st.mu.Lock()
-		st.record(resp, err, lat, cfg.Deadline, target)
+		st.record(resp, err, lat, call, cfg.Deadline, target)
 		st.mu.Unlock()
 		ph.done.Add(1)
 	}
