@@ -23,6 +23,19 @@ func fixedWindow(now, unit int64) (start, resetAfter int64) {
 	return start, unit - mod
 }
 
+// OnWindowGrid reports whether start is where a window of length unit (> 0)
+// can start: a multiple of unit, or math.MinInt64 (the start reported for
+// times before the first representable window). Fixed and sliding windows
+// only ever start there; a state with another start (from a faulty peer)
+// matches no window once stored.
+func OnWindowGrid(start, unit int64) bool {
+	if unit <= 0 {
+		return false
+	}
+	w, _ := fixedWindow(start, unit)
+	return w == start
+}
+
 // fixedEnd returns when a window of length unit starting at start ends,
 // saturating at math.MaxInt64.
 func fixedEnd(start, unit int64) int64 {

@@ -245,3 +245,25 @@ func TestAlgorithmString(t *testing.T) {
 		t.Errorf("Algorithm(42).String() = %q", got)
 	}
 }
+
+func TestOnWindowGrid(t *testing.T) {
+	tests := []struct {
+		start, unit int64
+		want        bool
+	}{
+		{0, minute, true},
+		{3 * minute, minute, true},
+		{-2 * minute, minute, true},
+		{minute + 1, minute, false},
+		{-1, minute, false},
+		{math.MinInt64, minute, true}, // the saturated start before the first window
+		{math.MaxInt64, 1, true},
+		{5, 0, false},
+		{5, -1, false},
+	}
+	for _, tt := range tests {
+		if got := OnWindowGrid(tt.start, tt.unit); got != tt.want {
+			t.Errorf("OnWindowGrid(%d, %d) = %v, want %v", tt.start, tt.unit, got, tt.want)
+		}
+	}
+}

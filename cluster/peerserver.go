@@ -381,6 +381,11 @@ func peerValidateEntries(entries []*peerpb.Entry) error {
 		if lim.Algorithm == bucket.SlidingWindow && (e.GetCount() > math.MaxUint32 || e.GetPrev() > math.MaxUint32) {
 			return fmt.Errorf("%w: entry %d: sliding window counts above %d", errPeerInvalid, i, uint64(math.MaxUint32))
 		}
+		if lim.Algorithm != bucket.TokenBucket && !bucket.OnWindowGrid(e.GetWindowNs(), e.GetUnitNs()) {
+			// Merged, it would win as "later" and match no window: the
+			// key's next op would count from zero.
+			return fmt.Errorf("%w: entry %d: window %d is not a multiple of its unit %d", errPeerInvalid, i, e.GetWindowNs(), e.GetUnitNs())
+		}
 	}
 	return nil
 }

@@ -101,6 +101,8 @@ func TestReplicateValidation(t *testing.T) {
 		{"algorithm wrapping to a known one", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = 256 })}},
 		{"sliding count too large", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = uint32(bucket.SlidingWindow); e.Count = 1 << 32 })}},
 		{"sliding prev too large", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = uint32(bucket.SlidingWindow); e.Prev = 1 << 32 })}},
+		{"fixed window off the grid", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.WindowNs++ })}},
+		{"sliding window off the grid", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = uint32(bucket.SlidingWindow); e.WindowNs-- })}},
 		{"too many entries", tooMany},
 	}
 	for _, tt := range tests {
