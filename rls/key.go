@@ -48,7 +48,7 @@ const keyDigestPrefix = "sha256:"
 // MaxCounterKeyLen bounds the counter keys the Service hands to its
 // Counter: a longer key (many entries with long values) is replaced by the
 // domain and one entry, keyDigestPrefix as its key and the SHA-256 of the
-// whole key in hex as its value. Cluster peers accept keys up to 8 KiB, so
+// whole key as its value (see keyAppendSum). Cluster peers accept keys up to 8 KiB, so
 // every key can be decided at its owner.
 const MaxCounterKeyLen = 4 << 10
 
@@ -58,10 +58,17 @@ func capKey(dst []byte, start int, domain string) []byte {
 	if len(dst)-start <= MaxCounterKeyLen {
 		return dst
 	}
-	sum := sha256.Sum256(dst[start:])
+	sum := sha256.Sum256(dst[start:]) // before dst[start:] is overwritten
 	dst = keyAppendString(dst[:start], domain)
 	dst = keyAppendString(dst, keyDigestPrefix)
-	dst = binary.AppendUvarint(dst, uint64(hex.EncodedLen(len(sum))))
+	return keyAppendSum(dst, sum)
+}
+
+// keyAppendSum appends sum as one length-prefixed key string:
+// keyDigestPrefix and sum in hex (71 bytes).
+func keyAppendSum(dst []byte, sum [sha256.Size]byte) []byte {
+	dst = binary.AppendUvarint(dst, uint64(len(keyDigestPrefix)+hex.EncodedLen(len(sum))))
+	dst = append(dst, keyDigestPrefix...)
 	return hex.AppendEncode(dst, sum[:])
 }
 
@@ -74,10 +81,7 @@ func keyAppendValue(dst []byte, v string, maxValue int) []byte {
 	if len(v) <= maxValue {
 		return keyAppendString(dst, v)
 	}
-	sum := sha256.Sum256(unsafe.Slice(unsafe.StringData(v), len(v))) // read only: no copy of v
-	dst = binary.AppendUvarint(dst, uint64(len(keyDigestPrefix)+hex.EncodedLen(len(sum))))
-	dst = append(dst, keyDigestPrefix...)
-	return hex.AppendEncode(dst, sum[:])
+	return keyAppendSum(dst, sha256.Sum256(unsafe.Slice(unsafe.StringData(v), len(v)))) // read only: no copy of v
 }
 
 // ParseKey is the inverse of AppendKey: it returns the domain and the

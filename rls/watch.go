@@ -84,8 +84,7 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 	w := &Watcher{
 		path: path, opt: opt, onLoad: onLoad, onError: onError,
 		fsw: fsw, filter: filter, dir: filepath.Clean(dir),
-		links: map[string]string{},
-		done:  make(chan struct{}), exited: make(chan struct{}),
+		done: make(chan struct{}), exited: make(chan struct{}),
 	}
 	w.target, _ = filepath.EvalSymlinks(dir)
 	w.watchLinks()
@@ -110,17 +109,12 @@ func (w *Watcher) watchLinks() {
 		p = parent
 	}
 	for parent := range w.links {
-		if _, ok := next[parent]; !ok {
-			_ = w.fsw.Remove(parent)
-		}
+		_ = w.fsw.Remove(parent) // added again below if still on the way: it may lead elsewhere now
 	}
-	for parent, link := range next {
-		_ = w.fsw.Remove(parent) // the path may lead elsewhere now
+	for parent := range next {
 		if err := w.fsw.Add(parent); err != nil {
 			delete(next, parent)
-			continue
 		}
-		next[parent] = link
 	}
 	w.links = next
 }
