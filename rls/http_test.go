@@ -96,8 +96,8 @@ func TestHTTPJSON(t *testing.T) {
 			http.StatusBadRequest, nil, "rls: invalid request: rate limit domain must not be empty"},
 		{"no descriptors", http.MethodPost, `{"domain":"ratelimit"}`,
 			http.StatusBadRequest, nil, "rate limit descriptor list must not be empty"},
-		{"empty key", http.MethodPost, `{"domain":"ratelimit","descriptors":[{"entries":[{"value":"v"}]}]}`,
-			http.StatusBadRequest, nil, "descriptors[0].entries[0]: empty key"},
+		{"empty key: no rule, OK", http.MethodPost, `{"domain":"ratelimit","descriptors":[{"entries":[{"value":"v"}]}]}`,
+			http.StatusOK, svResp(svOK, svOKSt()), ""},
 		// The body bound is 8 times the request bound (256 KiB): a 1 MiB
 		// body is read and refused by the request bound, one over 2 MiB by
 		// the body bound, each naming its bound.

@@ -110,9 +110,10 @@ func (m *Metrics) stats(domain, key string) *ruleStats {
 	return rs
 }
 
-// domainNotFound counts a request for an unknown domain. The number of
-// distinct domain labels is capped so a client cannot grow it without bound.
-func (m *Metrics) domainNotFound(domain string) {
+// domainNotFound counts n descriptors of a request for an unknown domain:
+// the reference counts each descriptor it looks up. The number of distinct
+// domain labels is capped so a client cannot grow it without bound.
+func (m *Metrics) domainNotFound(domain string, n int) {
 	const maxDomains = 100
 	m.mu.Lock()
 	c, ok := m.missing[domain]
@@ -127,7 +128,7 @@ func (m *Metrics) domainNotFound(domain string) {
 		}
 	}
 	m.mu.Unlock()
-	c.Inc()
+	c.Add(float64(n))
 }
 
 // record updates a rule's stats the way envoyproxy/ratelimit does: hits

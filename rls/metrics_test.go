@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"testing"
 
+	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -270,12 +271,17 @@ func TestMetricsConfigLoads(t *testing.T) {
 	}
 }
 
-// TestMetricsDomainNotFoundCap: at most 100 distinct domain labels; the rest
-// count under "_other".
+// TestMetricsDomainNotFoundCap: every descriptor of a request for an unknown
+// domain counts, as in the reference; at most 100 distinct domain labels, the
+// rest count under "_other".
 func TestMetricsDomainNotFoundCap(t *testing.T) {
 	h := svNew(t, svMetricsConfig, Options{})
 	for i := range 105 {
-		if _, err := h.svc.ShouldRateLimit(context.Background(), svReq(fmt.Sprintf("d%03d", i), 0, svD("k", "v"))); err != nil {
+		ds := []*rlv3.RateLimitDescriptor{svD("k", "v")}
+		if i == 0 {
+			ds = append(ds, svD("k", "w"), svD("x", "y"))
+		}
+		if _, err := h.svc.ShouldRateLimit(context.Background(), svReq(fmt.Sprintf("d%03d", i), 0, ds...)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -285,7 +291,7 @@ func TestMetricsDomainNotFoundCap(t *testing.T) {
 	for _, c := range []struct {
 		domain string
 		want   float64
-	}{{"d000", 1}, {"d099", 1}, {"_other", 5}} {
+	}{{"d000", 3}, {"d099", 1}, {"_other", 5}} {
 		if got, _ := svGathered(t, h.reg, "ratelimit_service_domain_not_found", map[string]string{"domain": c.domain}); got != c.want {
 			t.Errorf("domain_not_found{domain=%q} = %v, want %v", c.domain, got, c.want)
 		}

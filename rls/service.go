@@ -260,7 +260,10 @@ func toStatus(err error) error {
 	return status.Error(codes.Internal, err.Error())
 }
 
-// validate checks req against the bounds before anything is counted.
+// validate checks req against the bounds before anything is counted. A
+// descriptor without entries, or an entry with an empty key, is valid, as in
+// envoyproxy/ratelimit: it matches no rule (only a limit override counts it)
+// and answers OK, while the request's other descriptors are decided.
 func (s *Service) validate(req *pb.RateLimitRequest) error {
 	b := s.bounds
 	if n := proto.Size(req); n > b.MaxRequestSize {
@@ -279,16 +282,16 @@ func (s *Service) validate(req *pb.RateLimitRequest) error {
 		return invalid("%d descriptors, more than the bound of %d", len(req.Descriptors), b.MaxDescriptors)
 	}
 	for i, d := range req.Descriptors {
-		if d == nil || len(d.Entries) == 0 {
-			return invalid("descriptors[%d]: no entries", i)
+		if d == nil {
+			return invalid("descriptors[%d]: nil descriptor", i)
 		}
 		if len(d.Entries) > b.MaxEntries {
 			return invalid("descriptors[%d]: %d entries, more than the bound of %d", i, len(d.Entries), b.MaxEntries)
 		}
 		for j, e := range d.Entries {
 			switch {
-			case e == nil || e.Key == "":
-				return invalid("descriptors[%d].entries[%d]: empty key", i, j)
+			case e == nil:
+				return invalid("descriptors[%d].entries[%d]: nil entry", i, j)
 			case len(e.Key) > b.MaxKeyLen:
 				return invalid("descriptors[%d].entries[%d].key: %d bytes, more than the bound of %d", i, j, len(e.Key), b.MaxKeyLen)
 			}
@@ -322,7 +325,7 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	resp := newResponse(n)
 	dom := st.cfg.Domain(req.Domain)
 	if dom == nil {
-		s.metrics.domainNotFound(req.Domain)
+		s.metrics.domainNotFound(req.Domain, n)
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
 		}

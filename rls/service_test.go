@@ -609,11 +609,9 @@ func TestServiceBadInput(t *testing.T) {
 		{"nil request", nil, "domain must not be empty"},
 		{"empty domain", svReq("", 0, good()), "domain must not be empty"},
 		{"no descriptors", svReq("shapes", 0), "descriptor list must not be empty"},
-		{"nil descriptor", svReq("shapes", 0, good(), nil), "descriptors[1]: no entries"},
-		{"descriptor without entries", svReq("shapes", 0, good(), &rlv3.RateLimitDescriptor{}), "descriptors[1]: no entries"},
-		{"empty key", svReq("shapes", 0, good(), svD("", "v")), "descriptors[1].entries[0]: empty key"},
+		{"nil descriptor", svReq("shapes", 0, good(), nil), "descriptors[1]: nil descriptor"},
 		{"nil entry", svReq("shapes", 0, good(), &rlv3.RateLimitDescriptor{
-			Entries: []*rlv3.RateLimitDescriptor_Entry{entry("k", "v"), nil}}), "descriptors[1].entries[1]: empty key"},
+			Entries: []*rlv3.RateLimitDescriptor_Entry{entry("k", "v"), nil}}), "descriptors[1].entries[1]: nil entry"},
 		{"too many descriptors", svReq("shapes", 0, good(), good(), good()), "3 descriptors, more than the bound of 2"},
 		{"too many entries", svReq("shapes", 0, good(), svD("a", "1", "b", "2", "c", "3")),
 			"descriptors[1]: 3 entries, more than the bound of 2"},
@@ -652,6 +650,41 @@ func TestServiceBadInput(t *testing.T) {
 	}
 	if resp.Statuses[0].LimitRemaining != 9 || resp.Statuses[1].LimitRemaining != 2 {
 		t.Fatalf("request at the bounds: %v", resp)
+	}
+}
+
+// TestServiceEmptyDescriptors: a descriptor without entries, or with an
+// empty key, matches no rule and answers OK, as in envoyproxy/ratelimit; the
+// request's other descriptors are still decided. Refusing the request would
+// have Envoy fail open on all of them.
+func TestServiceEmptyDescriptors(t *testing.T) {
+	h := svNew(t, svConfig, Options{})
+	resp, err := h.svc.ShouldRateLimit(context.Background(), svReq("shapes", 0,
+		svD("b", "1"), &rlv3.RateLimitDescriptor{}, svD("", "v"), svD("b", "1", "", "")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st := resp.Statuses[0]; st.Code != svOK || st.LimitRemaining != 9 {
+		t.Fatalf("descriptor b=1: %v, want OK with 9 remaining", st)
+	}
+	for i, st := range resp.Statuses[1:] {
+		if st.Code != svOK || st.CurrentLimit != nil {
+			t.Fatalf("descriptor %d: %v, want a bare OK", i+1, st)
+		}
+	}
+	if n := h.store.Len(); n != 1 {
+		t.Fatalf("store has %d entries, want 1 (b=1)", n)
+	}
+	// A limit override still counts a descriptor without entries.
+	for want := uint32(1); want <= 2; want++ {
+		resp, err = h.svc.ShouldRateLimit(context.Background(), svReq("shapes", 0,
+			svLimit(&rlv3.RateLimitDescriptor{}, 2, typev3.RateLimitUnit_MINUTE)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st := resp.Statuses[0]; st.Code != svOK || st.LimitRemaining != 2-want {
+			t.Fatalf("override without entries, hit %d: %v, want OK with %d remaining", want, st, 2-want)
+		}
 	}
 }
 
