@@ -69,7 +69,7 @@ clean:
 bench: build
 	./deploy/local/bench.sh $(BIN)
 
-# The full chaos suite (about 2 minutes): kills, freezes, restarts, scale steps
+# The full chaos suite (about 3 minutes): kills, freezes, restarts, scale steps
 # and, as root, a partition in network namespaces; one row per scenario,
 # Markdown in .build/chaos-report.md. make test runs the short version.
 chaos:

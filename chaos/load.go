@@ -51,11 +51,13 @@ func (c Call) End() time.Duration { return c.Start + c.Latency }
 // LoadConfig describes the fleet of Envoys the driver stands for. The zero
 // value of each field but Domain, DescriptorKey, Keys and Unit has a default.
 type LoadConfig struct {
-	Domain        string        // RLS domain
-	DescriptorKey string        // the one descriptor entry's key
-	KeyPrefix     string        // values are KeyPrefix + "0" ... ; default "key-"
-	Keys          int           // number of distinct values, hit uniformly at random
-	Unit          time.Duration // the limit's window, to number the windows of unanswered calls
+	Domain        string // RLS domain
+	DescriptorKey string // the one descriptor entry's key
+	KeyPrefix     string // values are KeyPrefix + index; default "key-"
+	// Keys is the number of distinct values hit, uniformly at random, at a
+	// time: generation g (see NextKeys) hits indices g*Keys to g*Keys+Keys-1.
+	Keys int
+	Unit time.Duration // the limit's window, to number the windows of unanswered calls
 	// ClockWindows numbers every call's window by the client's clock.
 	// Otherwise answered calls take the window end the server reports
 	// (duration_until_reset), which only fixed windows report.
@@ -128,7 +130,9 @@ type Load struct {
 	targets atomic.Pointer[[]*target]
 	rate    atomic.Uint64 // math.Float64bits of calls per second
 	calls   atomic.Int64
-	over    []atomic.Int64 // OVER_LIMIT answers per key
+	gen     atomic.Int64   // the key generation being hit
+	ok      []atomic.Int64 // OK answers per key index
+	over    []atomic.Int64 // OVER_LIMIT answers per key index
 
 	stop chan struct{}
 	wg   sync.WaitGroup
@@ -141,6 +145,9 @@ type Mark struct {
 	At   time.Duration // since the load started
 }
 
+// maxKeyGenerations bounds NextKeys.
+const maxKeyGenerations = 8
+
 // StartLoad dials every target and starts the workers.
 func StartLoad(cfg LoadConfig, targets []*Node) (*Load, error) {
 	if err := cfg.validate(); err != nil {
@@ -149,7 +156,8 @@ func StartLoad(cfg LoadConfig, targets []*Node) (*Load, error) {
 	l := &Load{
 		cfg:    cfg,
 		byNode: map[*Node]*target{},
-		over:   make([]atomic.Int64, cfg.Keys),
+		ok:     make([]atomic.Int64, cfg.Keys*maxKeyGenerations),
+		over:   make([]atomic.Int64, cfg.Keys*maxKeyGenerations),
 		stop:   make(chan struct{}),
 		logs:   make([][]Call, cfg.Workers),
 	}
@@ -244,19 +252,54 @@ func (l *Load) AnsweredSince(n *Node, at time.Duration) bool {
 }
 
 // Calls is how many calls were made so far.
-func (l *Load) Calls() int64 { return l.calls.Load() }
+func (l *Load) Calls() int64 { return min(l.calls.Load(), l.cfg.MaxCalls) }
 
-// WaitExhausted waits up to timeout until every key has been answered
-// OVER_LIMIT at least once.
+// NextKeys moves the load to a fresh generation of Keys values, none of
+// them hit before. A scenario takes fresh keys before each fault so that
+// the fault strikes counters that are partly used: a counter lost with its
+// owner then shows as overshoot once the keys are exhausted. (Exhausted
+// keys hide a loss: nodes answer them from the owner's remembered
+// OVER_LIMIT until the window ends.)
+func (l *Load) NextKeys() error {
+	if l.gen.Load()+1 >= maxKeyGenerations {
+		return fmt.Errorf("chaos: load: more than %d key generations", maxKeyGenerations)
+	}
+	l.gen.Add(1)
+	return nil
+}
+
+// keys is the index range of the current generation.
+func (l *Load) keys() (lo, hi int) {
+	lo = int(l.gen.Load()) * l.cfg.Keys
+	return lo, lo + l.cfg.Keys
+}
+
+// WaitUsed waits up to timeout until the current generation's keys have
+// been answered OK perKey times each on average.
+func (l *Load) WaitUsed(perKey float64, timeout time.Duration) error {
+	return poll(timeout, func() (bool, string) {
+		lo, hi := l.keys()
+		var n int64
+		for k := lo; k < hi; k++ {
+			n += l.ok[k].Load()
+		}
+		want := perKey * float64(l.cfg.Keys)
+		return float64(n) >= want, fmt.Sprintf("%d of %.0f OK answers on the current keys after %d calls", n, want, l.calls.Load())
+	})
+}
+
+// WaitExhausted waits up to timeout until every key of the current
+// generation has been answered OVER_LIMIT at least once.
 func (l *Load) WaitExhausted(timeout time.Duration) error {
 	return poll(timeout, func() (bool, string) {
+		lo, hi := l.keys()
 		left := 0
-		for k := range l.over {
+		for k := lo; k < hi; k++ {
 			if l.over[k].Load() == 0 {
 				left++
 			}
 		}
-		return left == 0, fmt.Sprintf("%d of %d keys not exhausted after %d calls", left, len(l.over), l.calls.Load())
+		return left == 0, fmt.Sprintf("%d of %d keys not exhausted after %d calls", left, hi-lo, l.calls.Load())
 	})
 }
 
@@ -351,8 +394,11 @@ func (l *Load) worker(w int) {
 		}
 		ts := *tsp
 		t := ts[(w+i)%len(ts)]
-		key := rnd.Intn(l.cfg.Keys)
-		l.calls.Add(1)
+		lo, _ := l.keys()
+		key := lo + rnd.Intn(l.cfg.Keys)
+		if l.calls.Add(1) > l.cfg.MaxCalls { // workers race past the check above
+			return
+		}
 		l.logs[w] = append(l.logs[w], l.call(t, t.clients[(w+i/len(ts))%len(t.clients)], key))
 	}
 }
@@ -383,6 +429,7 @@ func (l *Load) call(t *target, cl pb.RateLimitServiceClient, key int) Call {
 		l.over[key].Add(1)
 	default:
 		c.Outcome = OutcomeOK
+		l.ok[key].Add(1)
 	}
 	if err == nil {
 		t.answered.Store(int64(c.End()))

@@ -24,10 +24,12 @@ func (s *Suite) scenario(name, dir string, n int, place func(*Cluster) (*Node, e
 	return r.finish()
 }
 
-// killRestartRoll exhausts every key on three nodes, SIGKILLs one while the
-// fleet keeps hitting the two survivors, restarts it with the same identity,
-// then rolls a graceful restart through all three. Total allowed must stay
-// within the tolerance of keys x limit, and not one call may fail.
+// killRestartRoll SIGKILLs one of three nodes while the fleet keeps hitting
+// the two survivors, restarts it with the same identity, then rolls a
+// graceful restart through all three. Each fault strikes fresh keys used to
+// primeFraction of their limit, which the load then exhausts. Total allowed
+// must stay within the tolerance of keys x limit, no key may go far over
+// its limit, and not one call may fail.
 func (s *Suite) killRestartRoll(dir string) *Result {
 	name := "kill-restart-roll"
 	if s.P.Algorithm != "" {
@@ -56,6 +58,9 @@ func (s *Suite) killRestartRoll(dir string) *Result {
 		r.recovered("kill", "survivors' ring without it after", d)
 		r.hold(p.Hold)
 
+		if err := r.freshKeys(); err != nil {
+			return err
+		}
 		r.phase("restart")
 		if err := r.restart(victim, all); err != nil {
 			return err
@@ -65,6 +70,9 @@ func (s *Suite) killRestartRoll(dir string) *Result {
 		r.phase("rolling")
 		var worst time.Duration
 		for _, n := range all {
+			if err := r.freshKeys(); err != nil {
+				return err
+			}
 			if err := r.stopNode(n, without(all, n), false); err != nil {
 				return err
 			}
@@ -126,6 +134,9 @@ func (s *Suite) freezeOwner(dir string) *Result {
 			// A busy machine: go on, the first marking is then at once.
 			r.notef("no calm before the freeze: %v", err)
 		}
+		if err := r.freshKeys(); err != nil {
+			return err
+		}
 		r.phase("freeze", victim)
 		w := watchSuspect(r.load, survivors, victim.ID)
 		if err := victim.Freeze(); err != nil {
@@ -145,7 +156,9 @@ func (s *Suite) freezeOwner(dir string) *Result {
 			r.faulty["suspected"] = map[string]bool{victim.ID: true}
 			r.notef("first suspect marking %v after SIGSTOP", (first - r.markAt("freeze")).Round(time.Millisecond))
 		} else {
-			r.notef("no survivor marked %s suspect during the freeze", victim.ID)
+			// Survivors forward the fresh keys' ops to the frozen owner; their
+			// timeouts must mark it, or nothing routes around it.
+			r.failf("no survivor marked %s suspect during the %v freeze", victim.ID, p.Freeze)
 		}
 		t0 := time.Now()
 		err = poll(30*time.Second, func() (bool, string) {
@@ -215,6 +228,9 @@ func (s *Suite) scaleOutIn(dir string) *Result {
 		}
 		r.hold(p.Hold)
 
+		if err := r.freshKeys(); err != nil {
+			return err
+		}
 		r.phase("scale-in")
 		gone, rest := all[0], all[1:]
 		t0 = time.Now()
@@ -296,8 +312,8 @@ func (s *Suite) partition(dir string) *Result {
 	})
 }
 
-// checkSplit checks the partition's bounds: both sides answered during the
-// split; no key was allowed more than its limit once more from the split
+// checkSplit checks the partition's bounds: both sides answered at least
+// SplitAnswered of their calls in time during the split; no key was allowed more than its limit once more from the split
 // until the re-merge; and the overshoot after the re-merge stays within
 // the tolerance.
 func (r *run) checkSplit(rec *Record, counts Counts, victim *Node) {
@@ -312,8 +328,8 @@ func (r *run) checkSplit(rec *Record, counts Counts, victim *Node) {
 		{"the majority", func(id string) bool { return id != victim.ID }},
 	} {
 		st := Summarise(rec.Span(from, to, side.keep))
-		if st.OK+st.Over == 0 {
-			r.failf("%s answered no call in time during the split (%d calls, %d late, %d failed)", side.name, st.Calls, st.Late, st.Failed)
+		if in := st.OK + st.Over; st.Calls == 0 || float64(in) < p.SplitAnswered*float64(st.Calls) {
+			r.failf("%s answered %d of %d calls in time during the split (%d late, %d failed), fewer than %.0f%%", side.name, in, st.Calls, st.Late, st.Failed, 100*p.SplitAnswered)
 		}
 	}
 	type kv struct {
