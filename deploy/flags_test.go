@@ -170,6 +170,11 @@ func TestMigrationEnvVars(t *testing.T) {
 		{[]string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"ResponseHeaders": "true"}},
 		{[]string{"LIMIT_LIMIT_HEADER=X-L", "LIMIT_REMAINING_HEADER=X-R", "LIMIT_RESET_HEADER=X-S"},
 			map[string]string{"HeaderLimit": "X-L", "HeaderRemaining": "X-R", "HeaderReset": "X-S"}},
+		// The reference's server TLS, only when turned on, as there.
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem"},
+			map[string]string{"GRPCTLSCert": "/tls/cert.pem", "GRPCTLSKey": "/tls/key.pem"}},
+		{[]string{"GRPC_SERVER_USE_TLS=false", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem"},
+			map[string]string{"GRPCTLSCert": "", "GRPCTLSKey": ""}},
 		// A RINGLIMIT_ variable wins over the reference's.
 		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"GRPCAddr": "127.0.0.9:9999"}},
 	} {
@@ -202,7 +207,7 @@ func TestMigrationEnvVars(t *testing.T) {
 
 	t.Run("ignored with a warning", func(t *testing.T) {
 		ignored := []string{"REDIS_URL=redis:6379", "REDIS_SOCKET_TYPE=tcp", "REDIS_AUTH=x", "MEMCACHE_HOST_PORT=m:11211",
-			"BACKEND_TYPE=redis", "USE_STATSD=true", "STATSD_HOST=s", "LOCAL_CACHE_SIZE_IN_BYTES=1000"}
+			"BACKEND_TYPE=redis", "USE_STATSD=true", "STATSD_HOST=s", "LOCAL_CACHE_SIZE_IN_BYTES=1000", "PROMETHEUS_ADDR=:9090"}
 		_, out, err := dryRun(t, bin, []string{"serve"}, ignored, cfgDir)
 		if err != nil {
 			t.Fatalf("refused: %v\n%s", err, out)
@@ -222,7 +227,7 @@ func TestMigrationEnvVars(t *testing.T) {
 				t.Errorf("warning %q does not name %s", warnings[0], name)
 			}
 			prefix := name
-			if i := strings.Index(name, "_"); i > 0 && (strings.HasPrefix(name, "REDIS_") || strings.HasPrefix(name, "MEMCACHE_") || strings.HasPrefix(name, "STATSD_")) {
+			if i := strings.Index(name, "_"); i > 0 && (strings.HasPrefix(name, "REDIS_") || strings.HasPrefix(name, "MEMCACHE_") || strings.HasPrefix(name, "STATSD_") || strings.HasPrefix(name, "PROMETHEUS_")) {
 				prefix = name[:i+1] + "*"
 			}
 			if !bytes.Contains(doc, []byte("`"+prefix+"`")) {
@@ -230,4 +235,27 @@ func TestMigrationEnvVars(t *testing.T) {
 			}
 		}
 	})
+	// Settings that cannot be honoured and must not be ignored (a weaker
+	// listener than configured, or one where Envoy does not look) refuse
+	// to start, naming the variable.
+	for _, tc := range []struct{ env, want string }{
+		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS is true but GRPC_SERVER_TLS_CERT or GRPC_SERVER_TLS_KEY is not set"},
+		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_CACERT is set, but ringlimit does not verify RLS client certificates"},
+		{"GRPC_CLIENT_TLS_SAN=envoy", "GRPC_CLIENT_TLS_SAN is set"},
+		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
+		{"CONFIG_TYPE=GRPC_XDS_SOTW", `CONFIG_TYPE="GRPC_XDS_SOTW": ringlimit reads its config from files only`},
+		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number`},
+		{"SHADOW_MODE=yes", `SHADOW_MODE="yes": parse error`},
+	} {
+		name, _, _ := strings.Cut(tc.env, "=")
+		t.Run("refused "+name, func(t *testing.T) {
+			if !bytes.Contains(doc, []byte("`"+name+"`")) {
+				t.Errorf("docs/migration.md does not list %s", name)
+			}
+			_, out, err := dryRun(t, bin, []string{"serve"}, []string{tc.env}, cfgDir)
+			if err == nil || !strings.Contains(out, tc.want) {
+				t.Fatalf("err %v, output %q; want a refusal containing %q", err, out, tc.want)
+			}
+		})
+	}
 }

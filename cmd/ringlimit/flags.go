@@ -62,12 +62,13 @@ type serveConfig struct {
 
 // legacyEnv names the envoyproxy/ratelimit variables that set a flag's
 // default when neither the flag nor its RINGLIMIT_ variable is given.
-type legacyEnv func(getenv func(string) string) (string, bool)
+// It returns the value and the variables it came from, for errors.
+type legacyEnv func(getenv func(string) string) (value, from string, ok bool)
 
 func plainEnv(name string) legacyEnv {
-	return func(getenv func(string) string) (string, bool) {
+	return func(getenv func(string) string) (string, string, bool) {
 		v := getenv(name)
-		return v, v != ""
+		return v, name, v != ""
 	}
 }
 
@@ -75,24 +76,24 @@ func plainEnv(name string) legacyEnv {
 // a missing port is the reference's default for it (a host alone must still
 // bind that host, not every interface).
 func hostPortEnv(hostVar, portVar, defPort string) legacyEnv {
-	return func(getenv func(string) string) (string, bool) {
+	return func(getenv func(string) string) (string, string, bool) {
 		h, p := getenv(hostVar), getenv(portVar)
 		if h == "" && p == "" {
-			return "", false
+			return "", "", false
 		}
 		if p == "" {
 			p = defPort
 		}
-		return net.JoinHostPort(h, p), true
+		return net.JoinHostPort(h, p), hostVar + "/" + portVar, true
 	}
 }
 
 // runtimePathEnv builds the reference's RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/
 // RUNTIME_APPDIRECTORY config path.
-func runtimePathEnv(getenv func(string) string) (string, bool) {
+func runtimePathEnv(getenv func(string) string) (string, string, bool) {
 	root, sub, app := getenv("RUNTIME_ROOT"), getenv("RUNTIME_SUBDIRECTORY"), getenv("RUNTIME_APPDIRECTORY")
 	if root == "" && sub == "" && app == "" {
-		return "", false
+		return "", "", false
 	}
 	if root == "" {
 		root = "/srv/runtime_data/current"
@@ -100,12 +101,47 @@ func runtimePathEnv(getenv func(string) string) (string, bool) {
 	if app == "" {
 		app = "config"
 	}
-	return filepath.Join(root, sub, app), true
+	return filepath.Join(root, sub, app), "RUNTIME_ROOT/RUNTIME_SUBDIRECTORY/RUNTIME_APPDIRECTORY", true
 }
 
 // ignoredEnvPrefixes are reference settings that mean nothing here (there is
-// no Redis, no statsd); they are accepted and reported once.
-var ignoredEnvPrefixes = []string{"REDIS_", "USE_STATSD", "STATSD_", "LOCAL_CACHE_SIZE_IN_BYTES", "BACKEND_TYPE", "MEMCACHE_"}
+// no Redis, no statsd, and metrics are always on the debug listener); they
+// are accepted and reported once.
+var ignoredEnvPrefixes = []string{"REDIS_", "USE_STATSD", "STATSD_", "LOCAL_CACHE_SIZE_IN_BYTES", "BACKEND_TYPE", "MEMCACHE_", "PROMETHEUS_"}
+
+// serverTLSEnv is the reference's server certificate variable name, used
+// only when GRPC_SERVER_USE_TLS is true, as there.
+func serverTLSEnv(name string) legacyEnv {
+	return func(getenv func(string) string) (string, string, bool) {
+		if on, _ := strconv.ParseBool(getenv("GRPC_SERVER_USE_TLS")); !on {
+			return "", "", false
+		}
+		v := getenv(name)
+		return v, name, v != ""
+	}
+}
+
+// refusedEnv checks the reference settings ringlimit cannot honour and must
+// not ignore: each would leave the listener less secure than configured, or
+// listening somewhere Envoy does not look.
+func refusedEnv(getenv func(string) string) error {
+	var errs []error
+	if on, _ := strconv.ParseBool(getenv("GRPC_SERVER_USE_TLS")); on && (getenv("GRPC_SERVER_TLS_CERT") == "" || getenv("GRPC_SERVER_TLS_KEY") == "") {
+		errs = append(errs, errors.New("serve: GRPC_SERVER_USE_TLS is true but GRPC_SERVER_TLS_CERT or GRPC_SERVER_TLS_KEY is not set"))
+	}
+	for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
+		if getenv(name) != "" {
+			errs = append(errs, fmt.Errorf("serve: %s is set, but ringlimit does not verify RLS client certificates: unset it, or put the check in front of ringlimit (a mesh or a TLS proxy)", name))
+		}
+	}
+	if getenv("GRPC_UDS") != "" {
+		errs = append(errs, errors.New("serve: GRPC_UDS is set, but ringlimit serves gRPC on TCP only (--grpc-addr): unset it and point Envoy at the TCP port"))
+	}
+	if t := getenv("CONFIG_TYPE"); t != "" && !strings.EqualFold(t, "FILE") {
+		errs = append(errs, fmt.Errorf("serve: CONFIG_TYPE=%q: ringlimit reads its config from files only (--config)", t))
+	}
+	return errors.Join(errs...)
+}
 
 // newServeFlags defines serve's flags on a fresh FlagSet, with the legacy
 // variable of each flag that has one.
@@ -156,8 +192,8 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.PeerTLSCert, "peer-tls-cert", "", "PEM certificate this node presents to peers (with --peer-tls-key and --peer-tls-ca: peer RPCs need mTLS; reloaded on change)", nil)
 	str(&c.PeerTLSKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert", nil)
 	str(&c.PeerTLSCA, "peer-tls-ca", "", "PEM CA bundle that signs every node's peer certificate", nil)
-	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", nil)
-	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", nil)
+	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", serverTLSEnv("GRPC_SERVER_TLS_CERT"))
+	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", serverTLSEnv("GRPC_SERVER_TLS_KEY"))
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
@@ -178,8 +214,8 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 	}
 	fs.VisitAll(func(f *flag.Flag) {
 		if l, ok := legacy[f.Name]; ok {
-			if v, ok := l(getenv); ok {
-				set(f.Name, v, legacyName(f.Name))
+			if v, from, ok := l(getenv); ok {
+				set(f.Name, v, from)
 			}
 		}
 		env := envName(f.Name)
@@ -187,6 +223,9 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 			set(f.Name, v, env)
 		}
 	})
+	if err := refusedEnv(getenv); err != nil {
+		errs = append(errs, err)
+	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
 	}
@@ -219,8 +258,14 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, errors.New("serve: --config: empty path"))
 	}
 	for _, a := range []struct{ flag, addr string }{{"grpc-addr", c.GRPCAddr}, {"http-addr", c.HTTPAddr}, {"debug-addr", c.DebugAddr}, {"gossip-addr", c.GossipAddr}} {
-		if _, _, err := net.SplitHostPort(a.addr); err != nil {
-			errs = append(errs, fmt.Errorf("serve: --%s: %v", a.flag, err))
+		_, port, err := net.SplitHostPort(a.addr)
+		if err == nil {
+			if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
+				err = fmt.Errorf("port %q is not a number from 0 to 65535", port)
+			}
+		}
+		if err != nil {
+			errs = append(errs, fmt.Errorf("serve: --%s %q: %v", a.flag, a.addr, err))
 		}
 	}
 	if !(c.NearLimitRatio > 0 && c.NearLimitRatio <= 1) { // also refuses NaN
@@ -283,8 +328,6 @@ func (c *serveConfig) joinList() []string {
 func envName(flagName string) string {
 	return "RINGLIMIT_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
 }
-
-func legacyName(flagName string) string { return "the reference variable for --" + flagName }
 
 // environment is the process environment as "NAME=value" strings.
 type environment []string

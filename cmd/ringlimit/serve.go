@@ -39,7 +39,7 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 	}
 	log := newLogger(c, stderr)
 	if len(ignored) > 0 {
-		log.Warn("ignoring envoyproxy/ratelimit settings that have no meaning here (no Redis, no statsd)", "vars", strings.Join(ignored, ","))
+		log.Warn("ignoring envoyproxy/ratelimit settings that have no meaning here (no Redis, no statsd; metrics are on the debug listener)", "vars", strings.Join(ignored, ","))
 	}
 	cfg, err := rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
 	if err != nil {
