@@ -35,7 +35,11 @@ type Watcher struct {
 	// way to the name of that symlink: those directories are watched too,
 	// for a swap of the link (see NewWatcher).
 	target string
-	links  map[string]string
+	// replaced is set by an event on dir itself (removed, renamed, created
+	// again): its watch must be added again. (Not os.SameFile: a new
+	// directory often gets the inode number of the one just removed.)
+	replaced bool
+	links    map[string]string
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -92,12 +96,16 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 	return w, nil
 }
 
-// watchLinks watches the directory holding each symlink on the way to dir
-// (again, since a swapped link higher up may have moved them), and stops
-// watching those that no longer hold one. Best effort: dir itself is
-// watched regardless.
+// watchLinks watches the directory holding dir, for dir being replaced
+// (removed and created again, or renamed over), and the directory holding
+// each symlink on the way to dir (again, since a swapped link higher up may
+// have moved them), and stops watching those that no longer hold one. Best
+// effort: dir itself is watched regardless.
 func (w *Watcher) watchLinks() {
 	next := map[string]string{}
+	if parent := filepath.Dir(w.dir); parent != w.dir {
+		next[parent] = filepath.Base(w.dir)
+	}
 	for p := w.dir; ; {
 		parent := filepath.Dir(p)
 		if parent == p {
@@ -131,13 +139,14 @@ func (w *Watcher) relevant(name string) bool {
 	return false
 }
 
-// follow re-watches dir when its symlinks now lead elsewhere, so that the
-// next swap is seen too.
+// follow re-watches dir when its symlinks now lead elsewhere, or when it
+// was replaced by a new directory, so that the next change is seen too.
 func (w *Watcher) follow() {
 	t, err := filepath.EvalSymlinks(w.dir)
-	if err != nil || t == w.target {
+	if err != nil || (t == w.target && !w.replaced) {
 		return
 	}
+	w.replaced = false
 	_ = w.fsw.Remove(w.dir) // gone with its target, possibly
 	if err := w.fsw.Add(w.dir); err != nil {
 		w.onError(fmt.Errorf("rls: watch %s: %w", w.path, err))
@@ -181,6 +190,9 @@ func (w *Watcher) run() {
 			}
 			if ev.Op == fsnotify.Chmod || !w.relevant(ev.Name) {
 				continue
+			}
+			if filepath.Clean(ev.Name) == w.dir {
+				w.replaced = true
 			}
 			now := time.Now()
 			if !pending {

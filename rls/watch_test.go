@@ -129,6 +129,52 @@ func TestWatchDirectory(t *testing.T) {
 	}
 }
 
+// TestWatchReplacedDirectory: the config directory itself removed and
+// created again (rm -rf; cp -r) is followed: its new files reload, and so
+// does a later edit of them.
+func TestWatchReplacedDirectory(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := filepath.Join(t.TempDir(), "config")
+	if err := os.Mkdir(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", 1)})
+	var rec watchRecorder
+	w, err := NewWatcher(dir, LoadOptions{}, rec.onLoad, rec.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	for i, via := range []string{"removed and created", "renamed over"} {
+		n := 10 * (i + 1)
+		switch i {
+		case 0:
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", n)})
+		case 1:
+			next := dir + ".new"
+			if err := os.Mkdir(next, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			cfgWrite(t, next, map[string]string{"a.yaml": cfgRule("a", "k", n)})
+			if err := os.RemoveAll(dir); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(next, dir); err != nil {
+				t.Fatal(err)
+			}
+		}
+		watchWaitFor(t, "the new directory ("+via+")", func() bool { return rec.lastDump() == watchDump("a", "k", n) })
+		cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", n+1)})
+		watchWaitFor(t, "an edit in the new directory ("+via+")", func() bool { return rec.lastDump() == watchDump("a", "k", n+1) })
+	}
+}
+
 // watchConfigMapSwapper returns a function that updates a ConfigMap mount
 // as the kubelet does: a new timestamped directory holding sub/ratelimit.yaml,
 // then a rename of the ..data symlink to it, then (removeOld) the removal of
