@@ -6,6 +6,10 @@
 // 0, so every process that is given the same member IDs and Config computes
 // the same owners, whatever order the IDs arrive in.
 //
+// The second successor of a key is the member that owns it once its owner
+// leaves (exactly, for rings of up to MaxExactSuccessorMembers members), so a
+// copy kept there survives the owner.
+//
 // A Ring is an immutable snapshot and is safe for concurrent use; its
 // lookups take no lock and allocate nothing. A Table publishes the current
 // Ring to concurrent readers; rebuild a Ring with New whenever membership

@@ -18,8 +18,12 @@ type Ring struct {
 	ids   []string // member IDs, sorted; indexes below point here
 	parts uint64   // partition count; keys go to partition xxhash(key) % parts
 	owner []int32  // partition -> owning member
-	start []int32  // partition -> first virtual node clockwise from it
-	vnode []int32  // virtual node (circle order) -> member
+	// next is the partition's owner once its owner leaves: the owner in
+	// the ring of the other members. Nil for one member, or more than
+	// MaxExactSuccessorMembers.
+	next  []int32
+	start []int32 // partition -> first virtual node clockwise from it
+	vnode []int32 // virtual node (circle order) -> member
 	// gap[j] is the distance, going back around the circle, from virtual
 	// node j to the previous virtual node of the same member (1..len(vnode)).
 	// A walk that began step nodes before j has not met j's member yet iff
@@ -59,8 +63,44 @@ func New(members []string, cfg Config) (*Ring, error) {
 	if r.owner, err = owners(ids, cfg); err != nil {
 		return nil, err
 	}
+	if len(ids) > 1 && len(ids) <= MaxExactSuccessorMembers {
+		if r.next, err = nextOwners(ids, r.owner, cfg); err != nil {
+			return nil, err
+		}
+	}
 	r.buildCircle(cfg)
 	return r, nil
+}
+
+// MaxExactSuccessorMembers is the largest ring whose second successors are
+// computed exactly (see Successors). Each member costs one more placement of
+// the others when the ring is built: New takes about 0.85 ms for 3 members
+// (0.7 ms without), 95 ms for 50 (2 ms without), measured on a 2-core VM.
+const MaxExactSuccessorMembers = 64
+
+// nextOwners computes, for each partition, its owner in the ring without
+// its current owner: one placement of the other members per member.
+func nextOwners(ids []string, owner []int32, cfg Config) ([]int32, error) {
+	next := make([]int32, len(owner))
+	others := make([]string, 0, len(ids)-1)
+	for i := range ids {
+		others = append(append(others[:0], ids[:i]...), ids[i+1:]...)
+		without, err := owners(others, cfg)
+		if err != nil {
+			return nil, err
+		}
+		for p, o := range owner {
+			if o != int32(i) {
+				continue
+			}
+			n := without[p]
+			if n >= int32(i) { // an index into others: shift past i
+				n++
+			}
+			next[p] = n
+		}
+	}
+	return next, nil
 }
 
 // owners asks the consistent library for the owner of every partition. ids
@@ -167,13 +207,17 @@ func (r *Ring) Owner(key []byte) (id string, ok bool) {
 // nothing for n <= 0 or an empty ring; it does not allocate when dst has
 // room.
 //
-// After the owner come the other members in the order their virtual nodes
-// follow the key's partition clockwise on the hash circle. So the
-// successors of one owner's partitions are spread over the members, and the
-// second entry is usually the member that owns the key once the owner
-// leaves. This differs from the library's GetClosestN, which orders members
-// by the hash of their name (every partition of one owner fails over to the
-// same member), fails when n exceeds the member count, locks and allocates.
+// The second entry is the member that owns the key once the owner leaves
+// (the owner in the ring of the other members, computed by New for rings of
+// up to MaxExactSuccessorMembers), so a copy kept there is where the key's
+// decisions go when the owner dies. After it come the other members in the
+// order their virtual nodes follow the key's partition clockwise on the hash
+// circle; in larger rings the second entry is that walk's first, usually
+// but not always the next owner. So the successors of one owner's
+// partitions are spread over the members. This differs from the library's
+// GetClosestN, which orders members by the hash of their name (every
+// partition of one owner fails over to the same member), fails when n
+// exceeds the member count, locks and allocates.
 func (r *Ring) Successors(key []byte, n int, dst []string) []string {
 	if r == nil || len(r.ids) == 0 || n <= 0 {
 		return dst
@@ -182,10 +226,16 @@ func (r *Ring) Successors(key []byte, n int, dst []string) []string {
 	p := xxhash.Sum64(key) % r.parts
 	o := r.owner[p]
 	dst = append(dst, r.ids[o])
+	nx, got := o, 1 // nx == o: no exact next owner
+	if r.next != nil && n > 1 {
+		nx = r.next[p]
+		dst = append(dst, r.ids[nx])
+		got++
+	}
 	L := len(r.vnode)
 	j := int(r.start[p])
-	for step, got := 0, 1; got < n && step < L; step++ {
-		if m := r.vnode[j]; m != o && step < int(r.gap[j]) {
+	for step := 0; got < n && step < L; step++ {
+		if m := r.vnode[j]; m != o && m != nx && step < int(r.gap[j]) {
 			dst = append(dst, r.ids[m])
 			got++
 		}

@@ -331,29 +331,37 @@ func TestSuccessors(t *testing.T) {
 	}
 }
 
-// TestSuccessorIsNextOwner: the second successor is usually the member that
-// owns the key once its owner leaves (measured 0.96 for 10 members; the
-// library's GetClosestN order gives about 0.13).
+// TestSuccessorIsNextOwner: up to MaxExactSuccessorMembers, the second
+// successor is exactly the member that owns the key once its owner leaves,
+// so the copy a replica keeps is where decisions go when the owner dies.
+// Beyond, the clockwise walk names it usually (measured 0.96 for 10
+// members; the library's GetClosestN order gives about 0.13).
 func TestSuccessorIsNextOwner(t *testing.T) {
-	ids := nodeIDs("node", 10)
-	r := mustNew(t, ids, Config{})
-	keys := testKeys(20000)
-	agree, total := 0, 0
-	for _, gone := range ids {
-		after := mustNew(t, without(ids, gone), Config{})
-		for _, k := range keys {
-			if o, _ := r.Owner(k); o != gone {
-				continue
-			}
-			next, _ := after.Owner(k)
-			total++
-			if r.Successors(k, 2, nil)[1] == next {
-				agree++
+	keys := testKeys(5000)
+	for _, n := range []int{2, 3, 6, 12, MaxExactSuccessorMembers + 6} {
+		ids := nodeIDs("node", n)
+		r := mustNew(t, ids, Config{})
+		agree, total := 0, 0
+		for _, gone := range ids {
+			after := mustNew(t, without(ids, gone), Config{})
+			for _, k := range keys {
+				if o, _ := r.Owner(k); o != gone {
+					continue
+				}
+				next, _ := after.Owner(k)
+				total++
+				if r.Successors(k, 2, nil)[1] == next {
+					agree++
+				}
 			}
 		}
-	}
-	if frac := float64(agree) / float64(total); frac < 0.8 {
-		t.Fatalf("second successor became the owner for %.3f of keys, want >= 0.8", frac)
+		frac := float64(agree) / float64(total)
+		if n <= MaxExactSuccessorMembers && agree != total {
+			t.Fatalf("%d members: second successor became the owner for %d of %d keys, want all", n, agree, total)
+		}
+		if frac < 0.8 {
+			t.Fatalf("%d members: second successor became the owner for %.3f of keys, want >= 0.8", n, frac)
+		}
 	}
 }
 
