@@ -404,10 +404,25 @@ func (n *Node) Membership() *Membership { return n.m }
 // (see Drain).
 func (n *Node) Leave(timeout time.Duration) error { return n.m.Leave(timeout) }
 
-// Close stops replication, handoff, membership and forwarding and joins
-// their goroutines. Counters not yet replicated stay here. Idempotent.
+// closeFlushTimeout bounds Close's last replication flush.
+const closeFlushTimeout = 500 * time.Millisecond
+
+// Close sends the replication writes not yet sent (waiting at most
+// closeFlushTimeout), then stops replication, handoff, membership and
+// forwarding and joins their goroutines. Idempotent.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
+		if n.repl != nil {
+			// Ship what was written since Drain's flush: ops that peers sent
+			// before they saw this node leave, decided while the gRPC server
+			// finished its calls. Bounded: a peer that is gone costs at most
+			// closeFlushTimeout.
+			ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+			if err := n.repl.flush(ctx); err != nil {
+				n.log.Warn("cluster: close: replication writes not delivered", "err", err)
+			}
+			cancel()
+		}
 		n.cancel()
 		n.wg.Wait()
 		if n.repl != nil {

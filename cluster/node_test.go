@@ -638,3 +638,26 @@ func TestNodeAlgorithmsOverTheWire(t *testing.T) {
 		})
 	}
 }
+
+// TestNodeCloseShipsLastWrites: Close sends the replication writes recorded
+// since the last send (here the interval is an hour, so only Close can), so
+// the hits an owner decided just before it stopped reach its replica.
+func TestNodeCloseShipsLastWrites(t *testing.T) {
+	nodes := nodeCluster(t, []string{"a", "b"}, func(c *NodeConfig) { c.ReplicateInterval = time.Hour })
+	a, b := nodes[0], nodes[1]
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("close-%d", i); nodeSuccessors(a, k, 1)[0] == "a" {
+			key = k
+		}
+	}
+	nodeHit(t, a, key, 7)
+	if got := nodeCount(b, key); got != 0 {
+		t.Fatalf("replica has %d before Close, want 0 (nothing sent yet)", got)
+	}
+	a.node.Close()
+	if got := nodeCount(b, key); got != 7 {
+		t.Fatalf("replica has %d after the owner's Close, want 7", got)
+	}
+}
+

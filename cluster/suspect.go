@@ -7,6 +7,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/connectivity"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
@@ -16,7 +17,8 @@ import (
 // keys locally at once instead of waiting for it. The peer's probe goroutine
 // pings it every probeInterval and clears the suspicion as soon as it
 // answers, or when SuspectFor has passed (the next failure makes it suspect
-// again). SetPeers with a new address replaces the client, suspicion and all.
+// again) while its connection is not failing: a peer whose connection is
+// refused stays suspect until a probe answers. SetPeers with a new address replaces the client, suspicion and all.
 
 // peerSuspectAfter is how many failures in a row (timeouts or errors with
 // no answer between them) make a peer suspect. One slow answer on a busy
@@ -94,6 +96,11 @@ func (p *peerClient) probeLoop() {
 			switch err := p.ping(); {
 			case err == nil:
 				p.clearSuspect("probe answered")
+			case p.conn.GetState() == connectivity.TransientFailure:
+				// Its connection is refused or broken (a crashed process, a
+				// lost machine that sent a reset): trying it again would only
+				// decide another batch here. It stays suspect until a probe
+				// answers or the ring drops it.
 			case time.Duration(p.f.mono()-p.suspectSince.Load()) >= p.f.suspectFor:
 				p.clearSuspect("suspicion expired")
 			}
