@@ -58,6 +58,10 @@ type Rule struct {
 	// value the pattern matches counts on one counter, as in the
 	// reference. See Domain.AppendKey.
 	SharedCounter bool
+	// counterTag ends the counter key of a rule with a sliding_window or
+	// token_bucket algorithm: the algorithm and the unit (see
+	// Domain.AppendKey). "" for a fixed window.
+	counterTag string
 	// Extension is non-nil when the rule's rate_limit uses ringlimit's
 	// extension fields (algorithm, burst), which envoyproxy/ratelimit
 	// rejects: it names the file, the rate_limit and the fields, as a

@@ -7,9 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
 	"unsafe"
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+
+	"github.com/ringlimit/ringlimit/bucket"
 )
 
 // ErrMalformedKey is wrapped by every error ParseKey returns.
@@ -39,6 +42,25 @@ func appendKeyMax(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor
 func keyAppendString(dst []byte, s string) []byte {
 	dst = binary.AppendUvarint(dst, uint64(len(s)))
 	return append(dst, s...)
+}
+
+// keyTagKey is the entry key of the last part of a counter key for a rule
+// whose algorithm is sliding_window or token_bucket: its value is the
+// algorithm and the unit (counterTag). Such a rule whose algorithm or unit
+// changes then counts on a new counter, as a fixed window does when its unit
+// changes, instead of meeting the old state, which would win every merge at
+// the replicas until it expired. A fixed window's key has no tag (it is the
+// key envoyproxy/ratelimit's descriptors give, and a unit change is already
+// a later window). The byte 0xff is never valid UTF-8, so no request entry
+// key (a protobuf string) equals it.
+const keyTagKey = "\xff"
+
+// counterTag is the tag of a limit's counter key ("" for a fixed window).
+func counterTag(l bucket.Limit) string {
+	if l.Algorithm == bucket.FixedWindow {
+		return ""
+	}
+	return l.Algorithm.String() + "/" + time.Duration(l.Unit).String()
 }
 
 // keyDigestPrefix starts the key part that stands for a value longer than

@@ -665,6 +665,7 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 			}
 			if !r.unlimited {
 				rule.Limit = r.ext.limit(r.rpu, UnitDuration(r.unit))
+				rule.counterTag = counterTag(rule.Limit)
 			}
 			rule.Extension = r.ext.warning(p.file, cfgJoin(d.path, "rate_limit"))
 			n.rule = rule

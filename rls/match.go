@@ -57,12 +57,25 @@ func (d *Domain) Match(entries []*rlv3.RateLimitDescriptor_Entry) *Rule {
 // r (as Match returned it for entries) to dst, like the package's AppendKey,
 // except that a value longer than maxValue bytes is replaced by its SHA-256
 // and, when r.SharedCounter, each level matched by a share_threshold
-// pattern contributes the pattern instead of the request's value. It
-// allocates nothing when dst has the capacity.
+// pattern contributes the pattern instead of the request's value. For a
+// sliding_window or token_bucket rule the key ends with one more part, the
+// algorithm and the unit (see keyTagKey), so that changing either starts a
+// new counter. It allocates nothing when dst has the capacity.
 func (d *Domain) AppendKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry, r *Rule, maxValue int) []byte {
 	if d == nil || r == nil || !r.SharedCounter {
-		return appendKeyMax(dst, domain, entries, maxValue)
+		dst = appendKeyMax(dst, domain, entries, maxValue)
+	} else {
+		dst = d.appendSharedKey(dst, domain, entries, maxValue)
 	}
+	if r != nil && r.counterTag != "" {
+		dst = keyAppendString(dst, keyTagKey)
+		dst = keyAppendString(dst, r.counterTag)
+	}
+	return dst
+}
+
+// appendSharedKey is AppendKey for a rule with SharedCounter.
+func (d *Domain) appendSharedKey(dst []byte, domain string, entries []*rlv3.RateLimitDescriptor_Entry, maxValue int) []byte {
 	dst = keyAppendString(dst, domain)
 	n := &d.root
 	for _, e := range entries {

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -1011,5 +1012,59 @@ descriptors:
 	}
 	if _, _, err := ParseKey(key); err != nil {
 		t.Errorf("capped key does not parse: %v", err)
+	}
+}
+
+// TestServiceAlgorithmChangeNewCounter: a rule whose algorithm changes counts
+// on a new counter (its key carries the algorithm and the unit), so the old
+// state is not met again: at a replica, the old state would win every merge
+// against the owner's new one until it expired, and an owner crash would
+// then restart the key from zero. A fixed window's key is the plain
+// descriptor key.
+func TestServiceAlgorithmChangeNewCounter(t *testing.T) {
+	const sliding = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10, algorithm: sliding_window}\n"
+	const fixed = "domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 10}\n"
+	h := svNew(t, sliding, Options{})
+	req := svReq("d", 0, svD("k", "v"))
+	for range 3 {
+		if _, err := h.svc.ShouldRateLimit(context.Background(), req); err != nil {
+			t.Fatal(err)
+		}
+	}
+	plain := AppendKey(nil, "d", req.Descriptors[0].Entries)
+	if _, ok := h.store.Get(h.clock.Now(), plain); ok {
+		t.Fatalf("the sliding window counted on the plain key")
+	}
+	cfg, err := Parse("ratelimit.yaml", []byte(fixed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.svc.SetConfig(cfg)
+	resp, err := h.svc.ShouldRateLimit(context.Background(), req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := resp.Statuses[0].LimitRemaining; got != 9 {
+		t.Fatalf("first hit after the change: %d remaining, want 9 (a new counter)", got)
+	}
+	if got := h.count("d", req.Descriptors[0]); got != 1 {
+		t.Fatalf("fixed window on the plain key: count %d, want 1", got)
+	}
+	if n := h.store.Len(); n != 2 {
+		t.Fatalf("store has %d entries, want 2 (the sliding counter, untouched, and the fixed one)", n)
+	}
+	// The tag is one more key part, readable by ParseKey.
+	sl, err := Parse("ratelimit.yaml", []byte(sliding))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dom := sl.Domain("d")
+	key := dom.AppendKey(nil, "d", req.Descriptors[0].Entries, dom.Match(req.Descriptors[0].Entries), 1024)
+	_, entries, err := ParseKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := [][2]string{{"k", "v"}, {keyTagKey, "sliding_window/1m0s"}}; !slices.Equal(entries, want) {
+		t.Fatalf("ParseKey(sliding key) entries = %q, want %q", entries, want)
 	}
 }
