@@ -54,8 +54,9 @@ func Parse(file string, data []byte) (*Config, error) {
 
 // Load reads a config file, or every regular file of a directory (whatever
 // its extension, following symlinks, in name order), skipping names that
-// start with "." and subdirectories. An empty directory gives an empty,
-// valid Config. Errors are those of Parse for every file, joined, plus a
+// start with "." and subdirectories (listed by Config.SkippedDirs, as
+// envoyproxy/ratelimit would read files in them). An empty directory gives
+// an empty, valid Config. Errors are those of Parse for every file, joined, plus a
 // duplicate domain across files when opt.MergeDomains is false.
 func Load(path string, opt LoadOptions) (*Config, error) {
 	st, err := os.Stat(path)
@@ -76,6 +77,7 @@ func Load(path string, opt LoadOptions) (*Config, error) {
 		return nil, fmt.Errorf("rls: %w", err)
 	}
 	var readErrs []error
+	var skipped []string
 	for _, e := range ents {
 		if strings.HasPrefix(e.Name(), ".") {
 			continue
@@ -91,8 +93,12 @@ func Load(path string, opt LoadOptions) (*Config, error) {
 			readErrs = append(readErrs, fmt.Errorf("rls: %w", err))
 			continue
 		}
+		if fi.IsDir() {
+			skipped = append(skipped, full)
+			continue
+		}
 		if !fi.Mode().IsRegular() {
-			continue // directories, and no FIFO that would block a read
+			continue // no FIFO that would block a read
 		}
 		data, err := os.ReadFile(full)
 		if err != nil {
@@ -102,7 +108,12 @@ func Load(path string, opt LoadOptions) (*Config, error) {
 		b.addFile(full, data)
 	}
 	b.errs = append(readErrs, b.errs...)
-	return b.finish()
+	cfg, err := b.finish()
+	if err != nil {
+		return nil, err
+	}
+	cfg.skipped = skipped
+	return cfg, nil
 }
 
 // A file may expand to at most cfgBaseNodes + cfgNodesPerByte*len(data)

@@ -48,6 +48,7 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 		}
 		return 1
 	}
+	warnConfig(log, c.Config, cfg)
 	if c.DryRun {
 		fmt.Fprintf(stdout, "%+v\n", *c)
 		fmt.Fprintf(stdout, "config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
@@ -167,6 +168,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		func(cfg *rls.Config) {
 			svc.SetConfig(cfg)
 			log.Info("config reloaded", "domains", len(cfg.Domains()), "rules", len(cfg.Rules()))
+			warnConfig(log, c.Config, cfg)
 		}, svc.ConfigError)
 	if err != nil {
 		log.Warn("config hot reload disabled", "err", err)
@@ -299,4 +301,16 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	wg.Wait()
 	log.Info("stopped")
 	return runErr
+}
+
+// warnConfig logs what a valid config may be missing: files in
+// subdirectories (the reference reads them, ringlimit does not), or no
+// domain at all (every request is then answered OK).
+func warnConfig(log *slog.Logger, path string, cfg *rls.Config) {
+	if dirs := cfg.SkippedDirs(); len(dirs) > 0 {
+		log.Warn("config: subdirectories not read (envoyproxy/ratelimit reads them): move their files up into the config directory", "config", path, "dirs", strings.Join(dirs, ","))
+	}
+	if len(cfg.Domains()) == 0 {
+		log.Warn("config: no domain loaded: every request is answered OK", "config", path)
+	}
 }

@@ -10,7 +10,8 @@ import (
 )
 
 // validateCmd loads a config file or directory and prints every error (exit
-// 1) or a summary (exit 0). A valid config that uses ringlimit's rate_limit
+// 1) or a summary (exit 0). A config without any domain is an error too, and
+// a subdirectory it skips gets a warning. A valid config that uses ringlimit's rate_limit
 // extensions (algorithm, burst) gets one warning line per rule on stderr: it
 // is valid for ringlimit, but envoyproxy/ratelimit would reject it.
 func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
@@ -35,7 +36,14 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 		}
 		return 1
 	}
+	for _, d := range cfg.SkippedDirs() {
+		fmt.Fprintf(stderr, "warning: %s: a subdirectory, not read (envoyproxy/ratelimit reads the files in it): move them up\n", d)
+	}
 	doms := cfg.Domains()
+	if len(doms) == 0 {
+		fmt.Fprintf(stderr, "validate: %s: no domain loaded (no config file, only dotfiles or subdirectories): every request would be answered OK\n", fs.Arg(0))
+		return 1
+	}
 	fmt.Fprintf(stdout, "ok: %s: %d domain(s), %d rule(s)\n", fs.Arg(0), len(doms), len(cfg.Rules()))
 	for _, d := range doms {
 		n := 0

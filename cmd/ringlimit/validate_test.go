@@ -54,3 +54,26 @@ descriptors:
 		t.Errorf("stderr %q lacks %q", errb.String(), want)
 	}
 }
+
+// TestValidateEmptyAndNested: a directory whose only file is in a
+// subdirectory loads no domain: validate fails, naming the subdirectory it
+// did not read (envoyproxy/ratelimit would have read it).
+func TestValidateEmptyAndNested(t *testing.T) {
+	dir := t.TempDir()
+	sub := filepath.Join(dir, "nested")
+	if err := os.Mkdir(sub, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(sub, "a.yaml"), []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	if code := validateCmd([]string{dir}, func(string) string { return "" }, &out, &errb); code != 1 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 1", code, out.String(), errb.String())
+	}
+	for _, want := range []string{"warning: " + sub + ": a subdirectory, not read", "validate: " + dir + ": no domain loaded"} {
+		if !strings.Contains(errb.String(), want) {
+			t.Errorf("stderr %q lacks %q", errb.String(), want)
+		}
+	}
+}
