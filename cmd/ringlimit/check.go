@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -36,9 +37,24 @@ func checkCmd(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	if *domain == "" || len(descs) == 0 {
+	var missing []string
+	if *domain == "" {
+		missing = append(missing, "--domain")
+	}
+	if len(descs) == 0 {
+		missing = append(missing, "--descriptor")
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "check: unexpected argument %q\n", fs.Arg(0))
+		return 2
+	}
+	if len(missing) > 0 {
+		fmt.Fprintf(stderr, "check: %s required\n", strings.Join(missing, " and "))
 		fs.Usage()
 		return 2
 	}

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -23,13 +24,31 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 		fs.PrintDefaults()
 	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
-	if fs.NArg() != 1 {
+	// Flags may follow the path too (validate PATH --merge-domains).
+	if fs.NArg() > 1 {
+		path := fs.Arg(0)
+		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			return 2
+		}
+		if fs.NArg() > 0 {
+			fmt.Fprintf(stderr, "validate: one PATH, got %q and %q\n", path, fs.Arg(0))
+			return 2
+		}
+		args = []string{path}
+	} else {
+		args = fs.Args()
+	}
+	if len(args) != 1 {
+		fmt.Fprintln(stderr, "validate: PATH required")
 		fs.Usage()
 		return 2
 	}
-	cfg, err := rls.Load(fs.Arg(0), rls.LoadOptions{MergeDomains: *merge})
+	cfg, err := rls.Load(args[0], rls.LoadOptions{MergeDomains: *merge})
 	if err != nil {
 		for _, e := range flattenErrors(err) {
 			fmt.Fprintln(stderr, e)
@@ -41,10 +60,10 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 	}
 	doms := cfg.Domains()
 	if len(doms) == 0 {
-		fmt.Fprintf(stderr, "validate: %s: no domain loaded (no config file, only dotfiles or subdirectories): every request would be answered OK\n", fs.Arg(0))
+		fmt.Fprintf(stderr, "validate: %s: no domain loaded (no config file, only dotfiles or subdirectories): every request would be answered OK\n", args[0])
 		return 1
 	}
-	fmt.Fprintf(stdout, "ok: %s: %d domain(s), %d rule(s)\n", fs.Arg(0), len(doms), len(cfg.Rules()))
+	fmt.Fprintf(stdout, "ok: %s: %d domain(s), %d rule(s)\n", args[0], len(doms), len(cfg.Rules()))
 	for _, d := range doms {
 		n := 0
 		for _, r := range cfg.Rules() {

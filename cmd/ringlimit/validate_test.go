@@ -77,3 +77,32 @@ func TestValidateEmptyAndNested(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateArgs: flags may follow the path; --help exits 0; a missing
+// or second path is an error that says so.
+func TestValidateArgs(t *testing.T) {
+	dir := t.TempDir()
+	for _, f := range []string{"a.yaml", "b.yaml"} {
+		if err := os.WriteFile(filepath.Join(dir, f), []byte("domain: d\ndescriptors:\n  - key: "+f[:1]+"\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noenv := func(string) string { return "" }
+	for _, tc := range []struct {
+		args []string
+		code int
+		want string
+	}{
+		{[]string{dir}, 1, "duplicate domain 'd'"},
+		{[]string{dir, "--merge-domains"}, 0, ""},
+		{[]string{"--merge-domains", dir}, 0, ""},
+		{[]string{"--help"}, 0, "usage: ringlimit validate"},
+		{nil, 2, "validate: PATH required"},
+		{[]string{dir, "--merge-domains", "other"}, 2, `validate: one PATH, got "` + dir + `" and "other"`},
+	} {
+		var out, errb bytes.Buffer
+		if code := validateCmd(tc.args, noenv, &out, &errb); code != tc.code || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("validate %q: exit %d, stderr %q; want %d and %q", tc.args, code, errb.String(), tc.code, tc.want)
+		}
+	}
+}
