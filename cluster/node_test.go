@@ -660,4 +660,3 @@ func TestNodeCloseShipsLastWrites(t *testing.T) {
 		t.Fatalf("replica has %d after the owner's Close, want 7", got)
 	}
 }
-
