@@ -28,6 +28,7 @@ func (sh *shard) sweepLocked(now int64) int {
 		end := e.counter().end()
 		if now >= end {
 			delete(sh.m, k)
+			sh.bytes -= entryBytes(len(k))
 			n++
 			continue
 		}
@@ -37,7 +38,8 @@ func (sh *shard) sweepLocked(now int64) int {
 	return n
 }
 
-// makeRoomLocked frees at least one slot in the full shard sh. It sweeps
+// makeRoomLocked frees at least one slot in the full shard sh (one entry's
+// bytes, for a shard over its byte share). It sweeps
 // expired entries if any may exist; otherwise it evicts the least recently
 // used of a sample and returns the evicted entry for reuse. sh.mu is held.
 //
@@ -67,6 +69,7 @@ func (s *Store) makeRoomLocked(sh *shard, now int64) *entry {
 		return nil
 	}
 	delete(sh.m, victimKey)
+	sh.bytes -= entryBytes(len(victimKey))
 	s.evictedLive.Add(1)
 	return victim
 }

@@ -147,6 +147,53 @@ func TestEvictBoundsLen(t *testing.T) {
 	}
 }
 
+// TestEvictBoundsBytes: with MaxBytes, long keys evict before MaxKeys is
+// reached, so the store's memory stays bounded whatever the keys' length;
+// Bytes follows inserts, evictions, sweeps and deletes exactly.
+func TestEvictBoundsBytes(t *testing.T) {
+	const maxBytes = 64 << 10
+	s := NewStore(StoreConfig{MaxKeys: 100_000, MaxBytes: maxBytes, Shards: 8})
+	long := string(make([]byte, 900))
+	now := base
+	for i := range 2000 {
+		unit := hour
+		if i%5 == 0 {
+			unit = second
+		}
+		key := fmt.Sprintf("%s-%d", long, i)
+		hit(s, now, key, unit)
+		if i%500 == 499 {
+			now += second // the unit-second entries expire: sweeps free them
+		}
+		if b := s.Bytes(); b > maxBytes {
+			t.Fatalf("after %d inserts Bytes = %d > MaxBytes %d", i+1, b, maxBytes)
+		}
+	}
+	if n := s.Len(); n > maxBytes/(900+EntryOverhead) {
+		t.Fatalf("Len = %d keys of about 900 bytes under a %d-byte bound", n, maxBytes)
+	}
+	// Bytes is exactly the sum over what is stored (expired entries too).
+	var sum int64
+	for i := range s.shards {
+		for k := range s.shards[i].m {
+			sum += entryBytes(len(k))
+		}
+	}
+	if got := s.Bytes(); got != sum {
+		t.Fatalf("Bytes = %d, want %d (the sum over the entries)", got, sum)
+	}
+	s.Sweep(now + hour)
+	if got := s.Bytes(); got != 0 || s.Len() != 0 {
+		t.Fatalf("after sweeping everything: Bytes = %d, Len = %d; want 0, 0", got, s.Len())
+	}
+	hit(s, now, "k", hour)
+	s.Delete([]byte("k"))
+	s.Delete([]byte("k")) // twice: counted once
+	if got := s.Bytes(); got != 0 {
+		t.Fatalf("after Delete: Bytes = %d, want 0", got)
+	}
+}
+
 func TestSweep(t *testing.T) {
 	s := NewStore(StoreConfig{Shards: 4})
 	for i := range 30 {

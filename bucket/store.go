@@ -32,7 +32,21 @@ type StoreConfig struct {
 	// and a shard that is full evicts before it inserts (see Store), so the
 	// store may evict before it holds MaxKeys entries in total.
 	MaxKeys int
+	// MaxBytes bounds the approximate memory of the entries: each one
+	// costs len(key) + EntryOverhead bytes. Zero or negative means
+	// unbounded. Like MaxKeys it is split evenly between shards, and a
+	// shard over its share evicts before it inserts. It keeps long keys
+	// (up to kilobytes each) from taking gigabytes below MaxKeys.
+	MaxBytes int64
 }
+
+// EntryOverhead is what an entry costs besides its key bytes, for
+// StoreConfig.MaxBytes: the entry, its map slot and the key's string
+// header (BenchmarkMemory measures about 88 bytes).
+const EntryOverhead = 100
+
+// entryBytes is what an entry for a key of n bytes counts against MaxBytes.
+func entryBytes(n int) int64 { return int64(n) + EntryOverhead }
 
 // counter is the algorithm state of one key. Its layout is shared by all
 // algorithms; an algorithm that needs more state adds a field here.
@@ -102,6 +116,9 @@ type shardData struct {
 	tick uint32
 	// capacity is the most entries the shard holds; 0 is unbounded.
 	capacity int
+	// bytes is the sum of entryBytes over the entries; byteCap bounds it,
+	// 0 is unbounded.
+	bytes, byteCap int64
 	// minEnd is a lower bound of the entries' end times: no entry is
 	// expired before it. Sweeping makes it exact again.
 	minEnd int64
@@ -146,8 +163,21 @@ func NewStore(cfg StoreConfig) *Store {
 				sh.capacity++
 			}
 		}
+		if cfg.MaxBytes > 0 {
+			sh.byteCap = max(cfg.MaxBytes/int64(n), 1)
+		}
 	}
 	return s
+}
+
+// fullLocked reports whether sh must make room before it takes a key of n
+// bytes. sh.mu is held.
+func (sh *shard) fullLocked(n int) bool {
+	if len(sh.m) == 0 {
+		return false // a key bigger than the whole share still goes in
+	}
+	return (sh.capacity > 0 && len(sh.m) >= sh.capacity) ||
+		(sh.byteCap > 0 && sh.bytes+entryBytes(n) > sh.byteCap)
 }
 
 // shardCount resolves cfg to a power-of-two shard count in [1, maxShards].
@@ -243,7 +273,10 @@ func (s *Store) apply(now int64, op *Op, st *State) (r Result, wrote bool) {
 func (s *Store) Delete(key []byte) {
 	sh := s.shardFor(key)
 	sh.mu.Lock()
-	delete(sh.m, string(key))
+	if _, ok := sh.m[string(key)]; ok {
+		delete(sh.m, string(key))
+		sh.bytes -= entryBytes(len(key))
+	}
 	sh.mu.Unlock()
 }
 
@@ -255,6 +288,20 @@ func (s *Store) Len() int {
 		sh := &s.shards[i]
 		sh.mu.Lock()
 		n += len(sh.m)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Bytes returns the approximate memory of the entries, as MaxBytes counts
+// it: the sum of len(key) + EntryOverhead, expired entries not yet removed
+// included.
+func (s *Store) Bytes() int64 {
+	var n int64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.bytes
 		sh.mu.Unlock()
 	}
 	return n
@@ -280,9 +327,12 @@ func (sh *shard) noteEnd(end int64) {
 // key.
 func (s *Store) insertLocked(sh *shard, now int64, key []byte, c counter) {
 	var e *entry
-	if sh.capacity > 0 && len(sh.m) >= sh.capacity {
-		e = s.makeRoomLocked(sh, now)
+	for sh.fullLocked(len(key)) {
+		if ev := s.makeRoomLocked(sh, now); ev != nil {
+			e = ev
+		}
 	}
+	sh.bytes += entryBytes(len(key))
 	if e == nil {
 		e = new(entry)
 	}

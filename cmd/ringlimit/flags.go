@@ -36,6 +36,7 @@ type serveConfig struct {
 	HeaderRemaining string
 	HeaderReset     string
 	MaxKeys         int
+	MaxStoreBytes   int64
 	MaxDescriptors  int
 	MaxEntries      int
 	MaxValueLen     int
@@ -177,6 +178,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.HeaderRemaining, "header-remaining", "RateLimit-Remaining", "name of the remaining header", plainEnv("LIMIT_REMAINING_HEADER"))
 	str(&c.HeaderReset, "header-reset", "RateLimit-Reset", "name of the reset header", plainEnv("LIMIT_RESET_HEADER"))
 	fs.IntVar(&c.MaxKeys, "max-keys", 1<<20, "most counters kept in memory on this node; beyond it expired then least recently used ones are evicted (0: unbounded)")
+	fs.Int64Var(&c.MaxStoreBytes, "max-store-bytes", 256<<20, "approximate memory of the counters on this node (key bytes plus 100 per counter); beyond it they are evicted as for --max-keys (0: unbounded)")
 	fs.IntVar(&c.MaxDescriptors, "max-descriptors", 64, "most descriptors in one request")
 	fs.IntVar(&c.MaxEntries, "max-entries", 16, "most entries in one descriptor")
 	fs.IntVar(&c.MaxValueLen, "max-value-len", 1024, "longest descriptor value kept in a counter key as is; a longer one is counted under its SHA-256 digest")
@@ -281,8 +283,8 @@ func (c *serveConfig) validate() error {
 	default:
 		errs = append(errs, fmt.Errorf("serve: --log-format: unknown format %q (text, json)", c.LogFormat))
 	}
-	if c.MaxKeys < 0 || c.MaxDescriptors < 1 || c.MaxEntries < 1 || c.MaxValueLen < 1 || c.MaxKeyLen < 1 || c.MaxRequestSize < 1 {
-		errs = append(errs, errors.New("serve: --max-keys must be >= 0 and --max-descriptors, --max-entries, --max-value-len, --max-key-len, --max-request-bytes >= 1"))
+	if c.MaxKeys < 0 || c.MaxStoreBytes < 0 || c.MaxDescriptors < 1 || c.MaxEntries < 1 || c.MaxValueLen < 1 || c.MaxKeyLen < 1 || c.MaxRequestSize < 1 {
+		errs = append(errs, errors.New("serve: --max-keys and --max-store-bytes must be >= 0 and --max-descriptors, --max-entries, --max-value-len, --max-key-len, --max-request-bytes >= 1"))
 	}
 	if c.Replicas < 1 || c.Replicas > cluster.MaxReplicas {
 		errs = append(errs, fmt.Errorf("serve: --replicas: %d is not in [1, %d]", c.Replicas, cluster.MaxReplicas))

@@ -90,7 +90,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	clock := func() int64 { return time.Now().UnixNano() }
 
-	store := bucket.NewStore(bucket.StoreConfig{MaxKeys: c.MaxKeys})
+	store := bucket.NewStore(bucket.StoreConfig{MaxKeys: c.MaxKeys, MaxBytes: c.MaxStoreBytes})
 	storeMetrics := newStoreCollector(store, log)
 	reg.MustRegister(storeMetrics)
 	var counter rls.Counter = rls.LocalCounter{Store: store}

@@ -17,7 +17,7 @@ type storeCollector struct {
 	store *bucket.Store
 	log   *slog.Logger
 
-	keys, expired, live *prometheus.Desc
+	keys, bytes, expired, live *prometheus.Desc
 
 	mu         sync.Mutex
 	loggedLive uint64
@@ -29,14 +29,16 @@ func newStoreCollector(store *bucket.Store, log *slog.Logger) *storeCollector {
 		store:   store,
 		log:     log,
 		keys:    prometheus.NewDesc("ringlimit_store_keys", "Counters held in memory on this node (live and not yet swept).", nil, nil),
-		expired: prometheus.NewDesc("ringlimit_store_evictions_expired_total", "Expired counters removed to make room under --max-keys.", nil, nil),
-		live:    prometheus.NewDesc("ringlimit_store_evictions_live_total", "Live counters evicted under --max-keys: each one resets that key's count.", nil, nil),
+		bytes:   prometheus.NewDesc("ringlimit_store_bytes", "Approximate memory of the counters on this node, as --max-store-bytes counts it (key bytes plus 100 per counter).", nil, nil),
+		expired: prometheus.NewDesc("ringlimit_store_evictions_expired_total", "Expired counters removed to make room under --max-keys or --max-store-bytes.", nil, nil),
+		live:    prometheus.NewDesc("ringlimit_store_evictions_live_total", "Live counters evicted under --max-keys or --max-store-bytes: each one resets that key's count.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	ch <- c.keys
+	ch <- c.bytes
 	ch <- c.expired
 	ch <- c.live
 }
@@ -45,6 +47,7 @@ func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 	expired, live := c.store.Evictions()
 	ch <- prometheus.MustNewConstMetric(c.keys, prometheus.GaugeValue, float64(c.store.Len()))
+	ch <- prometheus.MustNewConstMetric(c.bytes, prometheus.GaugeValue, float64(c.store.Bytes()))
 	ch <- prometheus.MustNewConstMetric(c.expired, prometheus.CounterValue, float64(expired))
 	ch <- prometheus.MustNewConstMetric(c.live, prometheus.CounterValue, float64(live))
 }
@@ -58,7 +61,7 @@ func (c *storeCollector) check(now time.Time) {
 	if live == c.loggedLive || now.Sub(c.loggedAt) < time.Minute {
 		return
 	}
-	c.log.Warn("live counters evicted: --max-keys is too small for the key space; their counts restarted from zero",
+	c.log.Warn("live counters evicted: --max-keys or --max-store-bytes is too small for the key space; their counts restarted from zero",
 		"evicted", live-c.loggedLive, "evicted_total", live, "keys", c.store.Len())
 	c.loggedLive, c.loggedAt = live, now
 }
