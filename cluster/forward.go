@@ -106,7 +106,8 @@ type ForwarderConfig struct {
 	// (see waitFor). 0 means DefaultForwardTimeout.
 	Timeout time.Duration
 	// SuspectFor is how long a peer that failed to answer is bypassed,
-	// unless a probe answers sooner. 0 means DefaultSuspectFor.
+	// unless a probe answers sooner; a peer whose connection is refused
+	// stays bypassed until a probe answers. 0 means DefaultSuspectFor.
 	SuspectFor time.Duration
 	// Registerer receives the forwarder's metrics. Nil means they are not
 	// registered anywhere (never the global registry).

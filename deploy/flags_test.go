@@ -175,6 +175,9 @@ func TestMigrationEnvVars(t *testing.T) {
 			map[string]string{"GRPCTLSCert": "/tls/cert.pem", "GRPCTLSKey": "/tls/key.pem"}},
 		{[]string{"GRPC_SERVER_USE_TLS=false", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem"},
 			map[string]string{"GRPCTLSCert": "", "GRPCTLSKey": ""}},
+		// TLS turned on the reference's way, with the certificate given ringlimit's way.
+		{[]string{"GRPC_SERVER_USE_TLS=true", "RINGLIMIT_GRPC_TLS_CERT=/tls/c.pem", "RINGLIMIT_GRPC_TLS_KEY=/tls/k.pem"},
+			map[string]string{"GRPCTLSCert": "/tls/c.pem", "GRPCTLSKey": "/tls/k.pem"}},
 		// A RINGLIMIT_ variable wins over the reference's.
 		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"GRPCAddr": "127.0.0.9:9999"}},
 	} {
@@ -239,12 +242,13 @@ func TestMigrationEnvVars(t *testing.T) {
 	// listener than configured, or one where Envoy does not look) refuse
 	// to start, naming the variable.
 	for _, tc := range []struct{ env, want string }{
-		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS is true but GRPC_SERVER_TLS_CERT or GRPC_SERVER_TLS_KEY is not set"},
+		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS is true but no server certificate and key are set"},
+		{"GRPC_SERVER_USE_TLS=yes", `GRPC_SERVER_USE_TLS="yes": not a boolean`},
 		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_CACERT is set, but ringlimit does not verify RLS client certificates"},
 		{"GRPC_CLIENT_TLS_SAN=envoy", "GRPC_CLIENT_TLS_SAN is set"},
 		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
 		{"CONFIG_TYPE=GRPC_XDS_SOTW", `CONFIG_TYPE="GRPC_XDS_SOTW": ringlimit reads its config from files only`},
-		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number`},
+		{"PORT=abc", `--http-addr ":abc": port "abc" is not a port number or service name`},
 		{"SHADOW_MODE=yes", `SHADOW_MODE="yes": parse error`},
 	} {
 		name, _, _ := strings.Cut(tc.env, "=")

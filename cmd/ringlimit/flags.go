@@ -110,11 +110,25 @@ func runtimePathEnv(getenv func(string) string) (string, string, bool) {
 // are accepted and reported once.
 var ignoredEnvPrefixes = []string{"REDIS_", "USE_STATSD", "STATSD_", "LOCAL_CACHE_SIZE_IN_BYTES", "BACKEND_TYPE", "MEMCACHE_", "PROMETHEUS_"}
 
+// useTLSEnv reads GRPC_SERVER_USE_TLS; a value that is set but not a
+// boolean is an error (refusedEnv reports it), never false.
+func useTLSEnv(getenv func(string) string) (on bool, err error) {
+	v := getenv("GRPC_SERVER_USE_TLS")
+	if v == "" {
+		return false, nil
+	}
+	on, err = strconv.ParseBool(v)
+	if err != nil {
+		return false, fmt.Errorf("serve: GRPC_SERVER_USE_TLS=%q: not a boolean (true or false)", v)
+	}
+	return on, nil
+}
+
 // serverTLSEnv is the reference's server certificate variable name, used
 // only when GRPC_SERVER_USE_TLS is true, as there.
 func serverTLSEnv(name string) legacyEnv {
 	return func(getenv func(string) string) (string, string, bool) {
-		if on, _ := strconv.ParseBool(getenv("GRPC_SERVER_USE_TLS")); !on {
+		if on, _ := useTLSEnv(getenv); !on {
 			return "", "", false
 		}
 		v := getenv(name)
@@ -124,11 +138,15 @@ func serverTLSEnv(name string) legacyEnv {
 
 // refusedEnv checks the reference settings ringlimit cannot honour and must
 // not ignore: each would leave the listener less secure than configured, or
-// listening somewhere Envoy does not look.
-func refusedEnv(getenv func(string) string) error {
+// listening somewhere Envoy does not look. c is the configuration resolved
+// from flags and environment: TLS asked for by GRPC_SERVER_USE_TLS may come
+// from the --grpc-tls-* flags or their RINGLIMIT_ variables too.
+func refusedEnv(getenv func(string) string, c *serveConfig) error {
 	var errs []error
-	if on, _ := strconv.ParseBool(getenv("GRPC_SERVER_USE_TLS")); on && (getenv("GRPC_SERVER_TLS_CERT") == "" || getenv("GRPC_SERVER_TLS_KEY") == "") {
-		errs = append(errs, errors.New("serve: GRPC_SERVER_USE_TLS is true but GRPC_SERVER_TLS_CERT or GRPC_SERVER_TLS_KEY is not set"))
+	if on, err := useTLSEnv(getenv); err != nil {
+		errs = append(errs, err)
+	} else if on && (c.GRPCTLSCert == "" || c.GRPCTLSKey == "") {
+		errs = append(errs, errors.New("serve: GRPC_SERVER_USE_TLS is true but no server certificate and key are set (GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY, or --grpc-tls-cert and --grpc-tls-key)"))
 	}
 	for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
 		if getenv(name) != "" {
@@ -225,9 +243,6 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 			set(f.Name, v, env)
 		}
 	})
-	if err := refusedEnv(getenv); err != nil {
-		errs = append(errs, err)
-	}
 	if len(errs) > 0 {
 		return nil, nil, errors.Join(errs...)
 	}
@@ -236,6 +251,9 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 	}
 	if fs.NArg() > 0 {
 		return nil, nil, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
+	}
+	if err := refusedEnv(getenv, c); err != nil {
+		return nil, nil, err
 	}
 	if c.NodeName == "" {
 		h, err := os.Hostname()
@@ -262,8 +280,8 @@ func (c *serveConfig) validate() error {
 	for _, a := range []struct{ flag, addr string }{{"grpc-addr", c.GRPCAddr}, {"http-addr", c.HTTPAddr}, {"debug-addr", c.DebugAddr}, {"gossip-addr", c.GossipAddr}} {
 		_, port, err := net.SplitHostPort(a.addr)
 		if err == nil {
-			if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
-				err = fmt.Errorf("port %q is not a number from 0 to 65535", port)
+			if _, perr := net.LookupPort("tcp", port); perr != nil {
+				err = fmt.Errorf("port %q is not a port number or service name", port)
 			}
 		}
 		if err != nil {

@@ -33,6 +33,9 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 	if fs.NArg() > 1 {
 		path := fs.Arg(0)
 		if err := fs.Parse(fs.Args()[1:]); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return 0
+			}
 			return 2
 		}
 		if fs.NArg() > 0 {

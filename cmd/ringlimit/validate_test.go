@@ -97,6 +97,7 @@ func TestValidateArgs(t *testing.T) {
 		{[]string{dir, "--merge-domains"}, 0, ""},
 		{[]string{"--merge-domains", dir}, 0, ""},
 		{[]string{"--help"}, 0, "usage: ringlimit validate"},
+		{[]string{dir, "--help"}, 0, "usage: ringlimit validate"},
 		{nil, 2, "validate: PATH required"},
 		{[]string{dir, "--merge-domains", "other"}, 2, `validate: one PATH, got "` + dir + `" and "other"`},
 	} {
