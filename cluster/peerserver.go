@@ -26,6 +26,13 @@ const (
 	peerMaxKeyLen = 8 << 10 // bytes per key
 )
 
+// MaxMessageSize bounds the messages peers send each other: a Decide or
+// Replicate batch carries at most 1 MiB of keys (fwdMaxBatchBytes,
+// replMaxBytes) and 4096 ops or entries of a few dozen bytes besides. A
+// gRPC server that registers the Peer service must accept messages this
+// large (grpc.MaxRecvMsgSize), and need not accept larger ones.
+const MaxMessageSize = 2 << 20
+
 // Errors the peer server maps to gRPC codes in peerStatus.
 var (
 	// errPeerInvalid marks a request the owner refuses as a whole.

@@ -40,10 +40,25 @@ func (s *Service) HTTPHandler(ready func() bool) http.Handler {
 	return mux
 }
 
+// MaxJSONInFlight bounds the /json requests a Service reads and decodes at
+// once. A body is decoded before the request bounds can be checked, and a
+// body of small repeated messages decodes to a hundred times its size: the
+// bound keeps that from multiplying by the number of callers. Beyond it,
+// /json answers 503 with Retry-After.
+const MaxJSONInFlight = 16
+
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", http.MethodPost)
 		http.Error(w, "rls: /json takes a POST", http.StatusMethodNotAllowed)
+		return
+	}
+	select {
+	case s.jsonSlots <- struct{}{}:
+		defer func() { <-s.jsonSlots }()
+	default:
+		w.Header().Set("Retry-After", "1")
+		http.Error(w, fmt.Sprintf("rls: more than %d /json requests in progress", MaxJSONInFlight), http.StatusServiceUnavailable)
 		return
 	}
 	limit := s.maxJSONBody()

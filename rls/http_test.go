@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -192,5 +193,38 @@ func TestHTTPRLConfig(t *testing.T) {
 	h.svc.SetConfig(&Config{})
 	if body := svBody(t, svServe(h.svc.ConfigHandler(), http.MethodGet, "/rlconfig", "")); body != "" {
 		t.Fatalf("/rlconfig of an empty config = %q", body)
+	}
+}
+
+// TestJSONInFlightBound: at most MaxJSONInFlight /json requests are read
+// and decoded at once; one more gets 503 with Retry-After, and a slot freed
+// serves again.
+func TestJSONInFlightBound(t *testing.T) {
+	h := svNew(t, svSeedConfig, Options{})
+	handler := h.svc.HTTPHandler(nil)
+	var (
+		wg     sync.WaitGroup
+		writer []*io.PipeWriter
+	)
+	for range MaxJSONInFlight {
+		pr, pw := io.Pipe()
+		writer = append(writer, pw)
+		wg.Go(func() {
+			rec := httptest.NewRecorder()
+			handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/json", pr)) // reads until pw closes
+		})
+	}
+	watchWaitFor(t, "every slot taken", func() bool { return len(h.svc.jsonSlots) == MaxJSONInFlight })
+	resp := svServe(handler, http.MethodPost, "/json", `{"domain":"ratelimit"}`)
+	if resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+		t.Fatalf("one more /json: %d, Retry-After %q; want 503 with Retry-After", resp.StatusCode, resp.Header.Get("Retry-After"))
+	}
+	for _, pw := range writer {
+		pw.Close()
+	}
+	wg.Wait()
+	body := `{"domain":"ratelimit","descriptors":[{"entries":[{"key":"remote_address","value":"10.0.0.1"},{"key":"PATH","value":"/"}]}]}`
+	if resp := svServe(handler, http.MethodPost, "/json", body); resp.StatusCode != http.StatusOK {
+		t.Fatalf("after the slots are free: %d, want 200", resp.StatusCode)
 	}
 }

@@ -125,6 +125,8 @@ type Service struct {
 
 	state   atomic.Pointer[configState]
 	scratch sync.Pool // *requestScratch
+	// jsonSlots bounds the /json requests read and decoded at once.
+	jsonSlots chan struct{}
 }
 
 // configState is one loaded configuration with its per-rule stats.
@@ -174,6 +176,8 @@ func NewService(opt Options, counter Counter, metrics *Metrics) (*Service, error
 		metrics: metrics,
 		log:     opt.Logger,
 		now:     opt.Clock,
+
+		jsonSlots: make(chan struct{}, MaxJSONInFlight),
 	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)

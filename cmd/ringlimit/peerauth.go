@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/tap"
 
 	"github.com/ringlimit/ringlimit/cluster"
 )
@@ -296,6 +297,10 @@ func addrIP(a net.Addr) net.IP {
 	return net.ParseIP(h)
 }
 
+func (g peerGate) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
+	return ctx, g.admit(ctx, info.FullMethodName)
+}
+
 func (g peerGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 	if err := g.admit(ctx, info.FullMethod); err != nil {
 		return nil, err
@@ -319,7 +324,12 @@ func grpcServerOptions(f *tlsFiles, members aliveLister) []grpc.ServerOption {
 	}
 	if members != nil {
 		g := peerGate{mtls: f.peer != nil, members: members}
-		opts = append(opts, grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream))
+		// The tap runs when a call's headers arrive, before its message is
+		// read and decoded: a caller that may not use the Peer service costs
+		// no decode of a message up to the receive limit. The interceptors
+		// check again, for a server built without the tap.
+		opts = append(opts, grpc.InTapHandle(g.tap),
+			grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream))
 	}
 	return opts
 }

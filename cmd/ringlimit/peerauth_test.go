@@ -303,7 +303,32 @@ func TestPeerMemberIPs(t *testing.T) {
 			}
 		})
 	}
+	// A non-member's peer call is refused before its message is read: bytes
+	// that are not a protobuf message get PermissionDenied, not the decode
+	// error (Internal) a check after decoding would leave them.
+	conn, err := grpc.NewClient(addr, plain, from("127.0.0.2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var out []byte
+	err = conn.Invoke(ctx, peerMethodPrefix+"Decide", []byte{0xff, 0xff, 0xff}, &out, grpc.ForceCodec(rawCodec{}))
+	if status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("undecodable peer call from a non-member: %v, want PermissionDenied", err)
+	}
 }
+
+// rawCodec sends []byte as is, for calls with bytes that are no message.
+type rawCodec struct{}
+
+func (rawCodec) Marshal(v any) ([]byte, error) { return v.([]byte), nil }
+func (rawCodec) Unmarshal(data []byte, v any) error {
+	*(v.(*[]byte)) = append([]byte(nil), data...)
+	return nil
+}
+func (rawCodec) Name() string { return "proto" }
 
 func TestTLSFlagsTogether(t *testing.T) {
 	tests := []struct {

@@ -130,11 +130,13 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 	// gRPC's own receive limit stays above --max-request-bytes, so an
 	// oversized RLS request gets InvalidArgument naming the bound rather
-	// than a bare ResourceExhausted; peer batches are capped far below it.
+	// than a bare ResourceExhausted, and at the peers' largest message. It
+	// is no higher: a message is decoded before any bound is checked, and
+	// one of small repeated fields decodes to a hundred times its size.
 	// The keepalive policy lets peers (and Envoy) ping every 5 s or more
 	// and closes client connections that stop answering pings.
 	gs := grpc.NewServer(append(append(grpcServerOptions(tlsf, members), cluster.ServerOptions()...),
-		grpc.MaxRecvMsgSize(max(4<<20, 2*c.MaxRequestSize)))...)
+		grpc.MaxRecvMsgSize(max(cluster.MaxMessageSize, 2*c.MaxRequestSize)))...)
 	if node != nil {
 		node.register(gs)
 	}
@@ -189,7 +191,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	if node != nil {
 		debugMux.Handle("/debug/cluster", node.debugHandler())
 	}
-	httpSrv := &http.Server{Handler: svc.HTTPHandler(ready), ReadHeaderTimeout: 10 * time.Second}
+	// ReadTimeout bounds a slow /json body (at most a few MiB) as well.
+	httpSrv := &http.Server{Handler: svc.HTTPHandler(ready), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
 	debugSrv := &http.Server{Handler: debugMux, ReadHeaderTimeout: 10 * time.Second}
 
 	var wg sync.WaitGroup
