@@ -68,8 +68,8 @@ const (
 	// fwdMinQueue is the least capacity of a peer's queue, which is
 	// otherwise fwdInflight batches.
 	fwdMinQueue = 4096
-	// fwdMaxBatchBytes caps the key bytes of one batch, far below gRPC's
-	// default 4 MiB receive limit.
+	// fwdMaxBatchBytes caps the key bytes of one batch, so that a whole
+	// batch stays under MaxMessageSize (TestPeerMessagesFit).
 	fwdMaxBatchBytes = 1 << 20
 	// fwdProbeInterval is how often a suspect peer is pinged.
 	fwdProbeInterval = 150 * time.Millisecond

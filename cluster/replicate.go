@@ -563,7 +563,8 @@ func (s *replSender) send(ctx context.Context, c peerpb.PeerClient, from string)
 	return nil
 }
 
-// Bounds of one Replicate or Sync message: far below gRPC's 4 MiB default.
+// Bounds of one Replicate or Sync message, so that it stays under
+// MaxMessageSize (TestPeerMessagesFit).
 const (
 	replMaxEntries = 4096
 	replMaxBytes   = 1 << 20

@@ -280,8 +280,10 @@ func (c *serveConfig) validate() error {
 	for _, a := range []struct{ flag, addr string }{{"grpc-addr", c.GRPCAddr}, {"http-addr", c.HTTPAddr}, {"debug-addr", c.DebugAddr}, {"gossip-addr", c.GossipAddr}} {
 		_, port, err := net.SplitHostPort(a.addr)
 		if err == nil {
-			if _, perr := net.LookupPort("tcp", port); perr != nil {
-				err = fmt.Errorf("port %q is not a port number or service name", port)
+			// A number (":0" asks for a random port explicitly); an empty
+			// port would listen on a random one where nobody looks.
+			if _, perr := strconv.ParseUint(port, 10, 16); perr != nil {
+				err = fmt.Errorf("port %q is not a number from 0 to 65535", port)
 			}
 		}
 		if err != nil {
