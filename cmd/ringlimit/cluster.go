@@ -39,6 +39,8 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 		if key, err = readGossipKey(c.GossipKeyFile); err != nil {
 			return nil, err
 		}
+	} else {
+		log.Warn("cluster: no --gossip-key-file: gossip is neither encrypted nor authenticated, and anyone who reaches the gossip port can join the cluster and own a share of the keys")
 	}
 	n, err := cluster.NewNode(cluster.NodeConfig{
 		Membership: cluster.MembershipConfig{

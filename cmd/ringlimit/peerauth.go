@@ -6,6 +6,7 @@ import (
 	"crypto/x509"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"strings"
@@ -51,9 +52,11 @@ func stampOf(path string) (fileStamp, error) {
 // concurrent use.
 type keyPairFile struct {
 	flag, certPath, keyPath string
+	log                     *slog.Logger // failed reloads; nil is silent
 
 	mu    sync.Mutex
 	stamp [2]fileStamp
+	bad   [2]fileStamp // the files' state when a reload last failed, logged once
 	cert  *tls.Certificate
 }
 
@@ -74,6 +77,10 @@ func (k *keyPairFile) get() (*tls.Certificate, error) {
 		if k.cert == nil {
 			return nil, fmt.Errorf("serve: --%s: %w", k.flag, err)
 		}
+		if st := [2]fileStamp{cs, ks}; st != k.bad && k.log != nil {
+			k.bad = st
+			k.log.Warn("tls: reloading a changed certificate failed; still using the last good one", "flag", "--"+k.flag, "err", err)
+		}
 		return k.cert, nil
 	}
 	k.cert, k.stamp = &c, [2]fileStamp{cs, ks}
@@ -84,9 +91,11 @@ func (k *keyPairFile) get() (*tls.Certificate, error) {
 // use.
 type caFile struct {
 	path string
+	log  *slog.Logger // failed reloads; nil is silent
 
 	mu    sync.Mutex
 	stamp fileStamp
+	bad   fileStamp // the file's state when a reload last failed, logged once
 	pool  *x509.CertPool
 }
 
@@ -105,6 +114,10 @@ func (c *caFile) get() (*x509.CertPool, error) {
 	if err != nil {
 		if c.pool == nil {
 			return nil, fmt.Errorf("serve: --peer-tls-ca: %w", err)
+		}
+		if st != c.bad && c.log != nil {
+			c.bad = st
+			c.log.Warn("tls: reloading a changed CA bundle failed; still using the last good one", "flag", "--peer-tls-ca", "err", err)
 		}
 		return c.pool, nil
 	}
@@ -131,6 +144,19 @@ type tlsFiles struct {
 	peer *keyPairFile // --peer-tls-cert/--peer-tls-key: peer mTLS
 	ca   *caFile      // --peer-tls-ca, set with peer
 	rls  *keyPairFile // --grpc-tls-cert/--grpc-tls-key: server TLS for RLS clients
+}
+
+// setLogger makes the files log reloads that fail (once per change of the
+// files). Call it before the files are in use.
+func (f *tlsFiles) setLogger(log *slog.Logger) {
+	for _, k := range []*keyPairFile{f.peer, f.rls} {
+		if k != nil {
+			k.log = log
+		}
+	}
+	if f.ca != nil {
+		f.ca.log = log
+	}
 }
 
 // newTLSFiles reads the files once, so that a bad one fails at start.

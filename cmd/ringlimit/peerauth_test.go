@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdsa"
 	"crypto/elliptic"
@@ -11,6 +12,7 @@ import (
 	"encoding/pem"
 	"errors"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"os"
@@ -405,5 +407,42 @@ func TestClusterNameBound(t *testing.T) {
 	}
 	if c.ClusterName = "ringlimit-prod"; c.validate() != nil && strings.Contains(c.validate().Error(), "--cluster-name") {
 		t.Errorf("a short cluster name refused: %v", c.validate())
+	}
+}
+
+// TestTLSReloadFailureLogged: a changed certificate or CA file that does not
+// load keeps the last good one and is logged once per change, so a rotation
+// that failed is seen before the old certificate expires.
+func TestTLSReloadFailureLogged(t *testing.T) {
+	dir := t.TempDir()
+	ca := newTestCA(t, "ca")
+	cert, key := ca.issue(t, dir, "node", 1)
+	caPath := filepath.Join(dir, "ca.pem")
+	writeFile(t, caPath, ca.pem)
+	f, err := newTLSFiles(&serveConfig{PeerTLSCert: cert, PeerTLSKey: key, PeerTLSCA: caPath})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	f.setLogger(slog.New(slog.NewTextHandler(&logs, nil)))
+	good, _ := f.peer.get()
+	goodPool, _ := f.ca.get()
+
+	writeFile(t, cert, []byte("half written"))
+	writeFile(t, caPath, []byte("not a bundle"))
+	for range 3 { // every handshake asks; one line per change
+		if c, err := f.peer.get(); err != nil || c != good {
+			t.Fatalf("after a bad certificate: %v, %v; want the last good one", c, err)
+		}
+		if p, err := f.ca.get(); err != nil || p != goodPool {
+			t.Fatalf("after a bad CA bundle: %v; want the last good one", err)
+		}
+	}
+	out := logs.String()
+	if n := strings.Count(out, "reloading a changed certificate failed"); n != 1 || !strings.Contains(out, "--peer-tls-cert") {
+		t.Errorf("certificate failure logged %d times, want once naming --peer-tls-cert:\n%s", n, out)
+	}
+	if n := strings.Count(out, "reloading a changed CA bundle failed"); n != 1 {
+		t.Errorf("CA failure logged %d times, want once:\n%s", n, out)
 	}
 }

@@ -99,6 +99,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	if err != nil {
 		return err
 	}
+	tlsf.setLogger(log)
 	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("serve: --grpc-addr: %w", err)
