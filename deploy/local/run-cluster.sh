@@ -8,6 +8,9 @@ BIN=${1:-.build/ringlimit}
 N=${2:-3}
 CONFIG=${RINGLIMIT_EXAMPLE_CONFIG:-deploy/examples/config}
 LOGDIR=$(mktemp -d "${TMPDIR:-/tmp}/ringlimit-run.XXXXXX")
+# Gossip is encrypted with a key made for this run, as in a real cluster.
+KEY="$LOGDIR/gossip.key"
+(umask 077 && head -c 32 /dev/urandom | base64 >"$KEY")
 
 join=""
 for i in $(seq 0 $((N - 1))); do
@@ -35,6 +38,7 @@ for i in $(seq 0 $((N - 1))); do
 		--debug-addr "127.0.0.1:$((6070 + off))" \
 		--gossip-addr "127.0.0.1:$((7946 + i))" \
 		--join "$join" \
+		--gossip-key-file "$KEY" \
 		>"$LOGDIR/ringlimit-$i.log" 2>&1 &
 	pids+=($!)
 	printf 'ringlimit-%d  grpc 127.0.0.1:%d  http 127.0.0.1:%d  debug 127.0.0.1:%d  gossip 127.0.0.1:%d  log %s\n' \
