@@ -187,7 +187,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if n.replicas > 1 {
 		rlog = newReplLog()
 	}
-	n.rec = recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys})}
+	n.rec = recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys, MaxBytes: shadowMaxBytes})}
 	n.fwd, err = NewForwarder(ForwarderConfig{
 		Self:        n.self,
 		Local:       n.rec,

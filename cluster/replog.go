@@ -42,8 +42,13 @@ type recordingStore struct {
 	shadow *bucket.Store // nil: remember nothing
 }
 
-// shadowMaxKeys bounds the answers a Node remembers.
-const shadowMaxKeys = 1 << 16
+// shadowMaxKeys and shadowMaxBytes bound the answers a Node remembers:
+// their number, and their memory as bucket.StoreConfig.MaxBytes counts it
+// (keys of up to 4 KiB would otherwise take about 270 MiB).
+const (
+	shadowMaxKeys  = 1 << 16
+	shadowMaxBytes = 16 << 20
+)
 
 // remember implements answerCache. Answers far below their limit are not
 // kept: a fallback from a lower count cannot allow such a key past it.

@@ -205,7 +205,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM may take to drain before exiting")
 	str(&c.NodeName, "node-name", "", "stable identity of this node in the cluster (default: the hostname)", nil)
 	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
-	str(&c.AdvertiseAddr, "advertise-addr", "", "host or host:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
+	str(&c.AdvertiseAddr, "advertise-addr", "", "IP or IP:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
 	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
 	str(&c.ClusterName, "cluster-name", "ringlimit", "label on every gossip message: nodes with another cluster name ignore each other (give each ringlimit cluster that can reach another its own)", nil)
