@@ -177,7 +177,9 @@ func TestServerOptionsAcceptPeerPings(t *testing.T) {
 	t.Parallel()
 	nodes := fwdStartCluster(t, []string{"b"}, nil, nil)
 	px := newSilentProxy(t, nodes["b"].addr) // never silenced: counts connections
-	f, reg := viaProxyForwarder(t, px, nil)
+	// A generous timeout: the test is about the connection surviving, not
+	// about latency (the first op also dials, through the proxy).
+	f, reg := viaProxyForwarder(t, px, func(c *ForwarderConfig) { c.Timeout = 5 * time.Second })
 	ops := []bucket.Op{fwdOp("b/k")}
 	res := make([]bucket.Result, 1)
 	f.Apply(context.Background(), 1000, ops, res)

@@ -251,6 +251,7 @@ type replFakePeer struct {
 	peerpb.PeerClient // nil: only Replicate is used
 	mu                sync.Mutex
 	failFirst         int
+	down              bool // fails every call while set
 	calls             int
 	got               map[string]bucket.State
 }
@@ -259,7 +260,7 @@ func (p *replFakePeer) Replicate(ctx context.Context, req *peerpb.ReplicateReque
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.calls++
-	if p.calls <= p.failFirst {
+	if p.calls <= p.failFirst || p.down {
 		return nil, status.Error(codes.Unavailable, "down")
 	}
 	for _, e := range req.GetEntries() {
@@ -272,6 +273,12 @@ func (p *replFakePeer) Replicate(ctx context.Context, req *peerpb.ReplicateReque
 // sends Replicate calls.
 func (p *replFakePeer) ReplicateStream(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[peerpb.ReplicateRequest, peerpb.ReplicateResponse], error) {
 	return nil, status.Error(codes.Unimplemented, "no ReplicateStream")
+}
+
+func (p *replFakePeer) setDown(down bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.down = down
 }
 
 func (p *replFakePeer) state(key string) (bucket.State, int) {
@@ -288,7 +295,7 @@ func TestReplicatorCoalescesAndRetries(t *testing.T) {
 		t.Fatal(err)
 	}
 	peers := map[string]*replFakePeer{
-		"b": {failFirst: 2, got: map[string]bucket.State{}},
+		"b": {down: true, got: map[string]bucket.State{}},
 		"c": {got: map[string]bucket.State{}},
 	}
 	r := &replicator{
@@ -315,18 +322,14 @@ func TestReplicatorCoalescesAndRetries(t *testing.T) {
 			r.log.record(key, bucket.State{Window: int64(time.Hour), Unit: int64(time.Hour), Count: c})
 		}
 	}
-	// b refuses the first send: flush says so (a drain reports it), and
-	// the writes wait for the retry.
+	// b refuses sends while it is down: flush says so (a drain reports
+	// it), and the writes wait for a retry.
 	if err := r.flush(context.Background()); err == nil || !strings.Contains(err.Error(), "not delivered") {
 		t.Fatalf("flush with a failing replica: %v, want writes not delivered", err)
 	}
-	fwdWaitFor(t, fwdWait, "b's retries to succeed", func() bool {
-		_, calls := peers["b"].state("")
-		return calls > 2
-	})
-	if err := r.flush(context.Background()); err != nil {
-		t.Fatalf("flush after the retries succeeded: %v", err)
-	}
+	peers["b"].setDown(false)
+	// The background retry or a forced send delivers them now.
+	fwdWaitFor(t, fwdWait, "a flush to deliver everything", func() bool { return r.flush(context.Background()) == nil })
 	for k := range keys {
 		key := []byte{'k', byte(k)}
 		succ := rg.Successors(key, 2, nil)
@@ -343,8 +346,8 @@ func TestReplicatorCoalescesAndRetries(t *testing.T) {
 	if got := testCounterValue(t, r.m.sent); got == 0 {
 		t.Error("no entry counted as sent")
 	}
-	if got := testCounterValue(t, r.m.rpcErrors); got != 2 {
-		t.Errorf("%v RPC errors counted, want 2", got)
+	if got := testCounterValue(t, r.m.rpcErrors); got < 1 {
+		t.Errorf("%v RPC errors counted, want at least the first", got)
 	}
 }
 

@@ -12,7 +12,7 @@ import (
 // fwdRefusingAddr returns a loopback address whose connections are refused
 // for the whole test: a socket bound to the port but not listening, so that
 // no other listener (another test's :0) can take the port meanwhile.
-func fwdRefusingAddr(t *testing.T) string {
+func fwdRefusingAddr(t testing.TB) string {
 	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
