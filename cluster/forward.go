@@ -143,6 +143,11 @@ type Forwarder struct {
 	// refusing makes the peer server refuse Decide and Ping (the node is
 	// re-syncing its counters after a freeze): see setServing.
 	refusing atomic.Bool
+	// relaying is set while the node leaves the cluster: its Owners then
+	// name the owners on the ring without it, the peer server relays the
+	// batches it receives to them instead of applying them, and every batch
+	// it sends is marked relayed (see peerpb.DecideRequest.Relayed).
+	relaying atomic.Bool
 	// graceUntil is f.mono() until which failures are not held against
 	// peers: they were this process's own freeze (see forgive).
 	graceUntil atomic.Int64
@@ -709,6 +714,7 @@ type fwdMetrics struct {
 	refused     prometheus.Counter
 	rerouted    prometheus.Counter
 	overLocal   prometheus.Counter
+	relayed     prometheus.Counter
 }
 
 func newFwdMetrics(maxBatch int) fwdMetrics {
@@ -744,6 +750,10 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 		Name: "ringlimit_hot_key_local_answers_total",
 		Help: "Over-limit decisions answered by the entry node without a forward, because the key's owner had already answered it over the limit for this window.",
 	})
+	m.relayed = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_relayed_ops_total",
+		Help: "Ops this node received while leaving the cluster and relayed to their owners on the ring without it.",
+	})
 	m.rerouted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ringlimit_rerouted_decisions_total",
 		Help: "Decisions for keys whose owner was suspect or unknown, sent to (or taken by) the key's first healthy replica instead.",
@@ -757,7 +767,7 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 
 // collectors lists every metric.
 func (m fwdMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal}
+	return []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal, m.relayed}
 }
 
 // register registers every metric on r, or none of them.

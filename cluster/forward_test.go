@@ -299,8 +299,8 @@ func TestNewForwarderRegistersOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(mfs) != 8 {
-		t.Fatalf("gathered %d metric families, want 8", len(mfs))
+	if len(mfs) != 9 {
+		t.Fatalf("gathered %d metric families, want 9", len(mfs))
 	}
 }
 

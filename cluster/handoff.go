@@ -116,14 +116,32 @@ func (n *Node) handoff(ctx context.Context, old, cur *ring.Ring, only map[string
 
 // Drain hands this node's counters off before it leaves: it stops counting
 // itself as a replica target, pushes every live key to its replica set on
-// the ring without this node, announces a graceful leave, and finally
-// ships the writes it made meanwhile (it keeps answering for its keys until
-// the others have seen it leave). The node is no longer Ready once Drain
-// starts. ctx bounds the whole drain; the leave gets at least half of what
-// remains after the push. Close must still be called.
+// the ring without this node, then relays every op it is still sent to the
+// key's new owner (Forwarder.relaying) and ships the writes it made since
+// the push, announces a graceful leave, and ships what was written
+// meanwhile. The node is no longer Ready once Drain starts. ctx bounds the
+// whole drain; the leave gets at least half of what remains after the push.
+// Close must still be called.
 func (n *Node) Drain(ctx context.Context) error {
-	// A leaving owner keeps answering for its keys until the others have
-	// seen it leave (unless it is re-syncing after a freeze).
+	pushErr := n.handOff(ctx)
+	leave := time.Second
+	if dl, ok := ctx.Deadline(); ok {
+		leave = max(time.Until(dl)/2, time.Millisecond)
+	}
+	leaveErr := n.m.Leave(leave)
+	var flushErr error
+	if n.repl != nil {
+		flushErr = n.repl.flush(ctx)
+	}
+	return errors.Join(pushErr, leaveErr, flushErr)
+}
+
+// handOff is Drain up to the leave: the node stops counting itself as a
+// replica target, pushes every live key to its replica set on the ring
+// without it, then relays what it is still sent (Forwarder.relaying) and
+// ships the writes made since the push. Until the push is done it keeps
+// deciding its keys (unless it is re-syncing after a freeze).
+func (n *Node) handOff(ctx context.Context) error {
 	n.draining.Store(true)
 	n.rebuild()
 	start := time.Now()
@@ -141,17 +159,15 @@ func (n *Node) Drain(ctx context.Context) error {
 	})
 	pushed, pushErr := p.flush()
 	n.log.Info("cluster: drain: handed off counters", "pushed", pushed, "took", time.Since(start), "err", pushErr)
-
-	leave := time.Second
-	if dl, ok := ctx.Deadline(); ok {
-		leave = max(time.Until(dl)/2, time.Millisecond)
-	}
-	leaveErr := n.m.Leave(leave)
-	var flushErr error
+	// From now on the new owners decide this node's keys: ops still sent
+	// here (by peers that have not seen the leave yet, or by Envoys) are
+	// relayed to them, so that no key is counted on two nodes while the
+	// leave spreads. The writes made since the push follow by replication.
+	n.fwd.relaying.Store(true)
 	if n.repl != nil {
-		flushErr = n.repl.flush(ctx)
+		_ = n.repl.flush(ctx) // its undelivered writes are reported by the flush below
 	}
-	return errors.Join(pushErr, leaveErr, flushErr)
+	return pushErr
 }
 
 // pusher sends entries to several peers in full batches, synchronously, as

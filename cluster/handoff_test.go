@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"sync/atomic"
 	"testing"
@@ -114,5 +115,74 @@ func TestHandoffDoesNotRetryARefusal(t *testing.T) {
 	}
 	if got := b.calls.Load(); got != 1 {
 		t.Errorf("%d pushes to the refusing peer, want 1", got)
+	}
+}
+
+// TestNodeLeavingNodeRelays: once a leaving node has handed its counters
+// off, the ops it is still sent are decided by the key's new owner, so the
+// key is counted on one node while the leave spreads. Hits sent to it by a
+// peer that has not seen the leave, sent by the new owner (whose ring
+// still names it), and sent to it by its own Envoys all count once, on the
+// new owner. A relayed batch is never relayed again, even by a node that
+// is leaving too.
+func TestNodeLeavingNodeRelays(t *testing.T) {
+	nodes := nodeCluster(t, []string{"a", "b", "c"}, nil)
+	c := nodes[2]
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("relay-%d", i); nodeSuccessors(nodes[0], k, 1)[0] == "c" {
+			key = k
+		}
+	}
+	next := nodeByID(nodes, nodeSuccessors(nodes[0], key, 2)[1]) // takes the key over
+	other := nodes[0]
+	if other == next {
+		other = nodes[1]
+	}
+	nodeHit(t, other, key, 5) // decided by c
+	if err := c.node.handOff(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if got := nodeCount(next, key); got != 5 {
+		t.Fatalf("after the hand-off the new owner holds %d, want 5", got)
+	}
+	// other and next have not seen c leave and send the key to c; a peer
+	// that has seen it sends it to next, whose peer server applies it
+	// (seen: next's store applies the op directly).
+	seen := func() bucket.Result {
+		op := nodeDayOp(key)
+		return next.node.rec.Apply(time.Now().UnixNano(), &op)
+	}
+	for i := range 6 {
+		var r bucket.Result
+		via := []string{other.id, next.id, "a peer that saw the leave", c.id}[i%4]
+		switch i % 4 {
+		case 0:
+			r = nodeHit(t, other, key, 1)
+		case 1:
+			r = nodeHit(t, next, key, 1)
+		case 2:
+			r = seen()
+		case 3:
+			r = nodeHit(t, c, key, 1)
+		}
+		if r.Count != uint64(6+i) {
+			t.Fatalf("hit %d via %s: count %d, want %d (one counter, at %s)", i+1, via, r.Count, 6+i, next.id)
+		}
+	}
+	if n := nodeMetric(t, c.reg, "ringlimit_relayed_ops_total"); n < 4 {
+		t.Errorf("relayed ops %v, want at least the 4 its peers sent", n)
+	}
+	// The new owner starts leaving too: c still relays to it (c has not
+	// seen it leave), and it applies the relayed batch instead of sending
+	// it back.
+	if err := next.node.handOff(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	if r := nodeHit(t, other, key, 1); r.Count != 12 {
+		t.Fatalf("hit via %s with two nodes leaving: count %d, want 12", other.id, r.Count)
+	}
+	if fb := nodeMetric(t, c.reg, "ringlimit_local_fallbacks_total"); fb != 0 {
+		t.Errorf("%v local fallbacks on the leaving node, want 0", fb)
 	}
 }

@@ -360,7 +360,11 @@ func (n *Node) rebuildLocked() {
 // Owner implements Owners from the current ring snapshot, without locks.
 func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	v := n.view.Load()
-	id, ok := v.ring.Owner(key)
+	r := v.ring
+	if n.fwd.relaying.Load() {
+		r = v.targets // leaving: the owners that take its keys over
+	}
+	id, ok := r.Owner(key)
 	if !ok || id == n.self {
 		return n.self, v.addrs[n.self], true
 	}
@@ -375,7 +379,12 @@ func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
 		return "", false, false
 	}
 	var buf [MaxReplicas]string
-	s := n.view.Load().ring.Successors(key, i+1, buf[:0])
+	v := n.view.Load()
+	r := v.ring
+	if n.fwd.relaying.Load() {
+		r = v.targets
+	}
+	s := r.Successors(key, i+1, buf[:0])
 	if len(s) <= i {
 		return "", false, false
 	}

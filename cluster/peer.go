@@ -216,6 +216,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 	live := b.batch[:0]
 	b.ptrs = b.ptrs[:0]
 	b.req.DeadlineNs = 0
+	b.req.Relayed = p.f.relaying.Load()
 	for _, it := range b.batch {
 		if it.state.Load() == fwdAbandoned {
 			continue // its waiter has decided it already: do not count it twice

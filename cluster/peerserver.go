@@ -206,6 +206,9 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 		s.f.m.expired.Add(float64(len(ops)))
 		return fmt.Errorf("%w: %v past the sender's deadline", errPeerExpired, time.Duration(now-dl))
 	}
+	if s.f.relaying.Load() && !req.GetRelayed() {
+		return s.relay(ctx, now, req, out)
+	}
 	var buf []peerpb.Result
 	if results != nil && cap(*results) >= len(ops) {
 		buf = (*results)[:len(ops)]
@@ -227,6 +230,33 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 		pr.Remaining = r.Remaining
 		pr.ResetAfterNs = r.ResetAfter
 		out.Results = append(out.Results, pr)
+	}
+	return nil
+}
+
+// relay decides a batch at the keys' owners on the ring without this
+// leaving node (Forwarder.relaying), within the sender's deadline: a peer
+// that has not yet seen this node leave sends it ops for its keys, and the
+// new owner, which already holds their counts (Node.Drain pushed them),
+// decides them there rather than on a second counter here. A leaving node
+// relays only while it drains, so this path allocates freely.
+func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideRequest, out *peerpb.DecideResponse) error {
+	if dl := req.GetDeadlineNs(); dl != 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, time.Duration(dl-now))
+		defer cancel()
+	}
+	pbs := req.GetOps()
+	ops := make([]bucket.Op, len(pbs))
+	for i, o := range pbs {
+		ops[i] = peerOpFromPB(o)
+	}
+	results := make([]bucket.Result, len(ops))
+	s.f.Apply(ctx, now, ops, results)
+	s.f.m.relayed.Add(float64(len(ops)))
+	out.Results = out.Results[:0]
+	for _, r := range results {
+		out.Results = append(out.Results, &peerpb.Result{Over: r.Over, Count: r.Count, Remaining: r.Remaining, ResetAfterNs: r.ResetAfter})
 	}
 	return nil
 }

@@ -43,7 +43,12 @@ type DecideRequest struct {
 	// and applies nothing when its own clock has passed it when it reads the
 	// batch: a node thawed after a freeze must not count ops a second time.
 	// 0 means no deadline.
-	DeadlineNs    int64 `protobuf:"varint,3,opt,name=deadline_ns,json=deadlineNs,proto3" json:"deadline_ns,omitempty"`
+	DeadlineNs int64 `protobuf:"varint,3,opt,name=deadline_ns,json=deadlineNs,proto3" json:"deadline_ns,omitempty"`
+	// relayed is set by a node that is leaving the cluster: it relays every
+	// op it would decide to the key's owner on the ring without itself. The
+	// receiver applies a relayed batch itself, even when it is leaving too,
+	// so an op is relayed at most once.
+	Relayed       bool `protobuf:"varint,4,opt,name=relayed,proto3" json:"relayed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -97,6 +102,13 @@ func (x *DecideRequest) GetDeadlineNs() int64 {
 		return x.DeadlineNs
 	}
 	return 0
+}
+
+func (x *DecideRequest) GetRelayed() bool {
+	if x != nil {
+		return x.Relayed
+	}
+	return false
 }
 
 // Op mirrors bucket.Op: add hits to the counter named key under a limit.
@@ -779,12 +791,13 @@ var File_cluster_peerpb_peer_proto protoreflect.FileDescriptor
 
 const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\n" +
-	"\x19cluster/peerpb/peer.proto\x12\x11ringlimit.peer.v1\"m\n" +
+	"\x19cluster/peerpb/peer.proto\x12\x11ringlimit.peer.v1\"\x87\x01\n" +
 	"\rDecideRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12'\n" +
 	"\x03ops\x18\x02 \x03(\v2\x15.ringlimit.peer.v1.OpR\x03ops\x12\x1f\n" +
 	"\vdeadline_ns\x18\x03 \x01(\x03R\n" +
-	"deadlineNs\"\xa7\x01\n" +
+	"deadlineNs\x12\x18\n" +
+	"\arelayed\x18\x04 \x01(\bR\arelayed\"\xa7\x01\n" +
 	"\x02Op\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1a\n" +
