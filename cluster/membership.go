@@ -374,6 +374,28 @@ func mshipPickAlive(nodes map[string]*mshipNode) []Member {
 	return out
 }
 
+// LeftGrace is how long Admitted keeps a member that left gracefully: while
+// it drains it still relays ops and ships replication writes, on streams it
+// may open after its peers have seen it leave.
+const LeftGrace = time.Minute
+
+// Admitted returns the members whose calls a peer-access check should
+// admit: Alive, plus the members that left gracefully less than LeftGrace
+// ago (not the dead: a crashed process sends nothing). The slice is the
+// caller's.
+func (m *Membership) Admitted() []Member {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := mshipPickAlive(m.nodes)
+	now := time.Now()
+	for _, n := range m.nodes {
+		if n.member.State == MemberLeft && now.Sub(n.since) < LeftGrace {
+			out = append(out, n.member)
+		}
+	}
+	return out
+}
+
 // All returns every memberlist node this process knows with its state, sorted
 // by ID then Name, for diagnostics (/debug/cluster). Dead and left nodes are
 // kept for about two minutes; nodes with undecodable metadata are omitted.

@@ -318,6 +318,13 @@ func TestMembershipLeave(t *testing.T) {
 		})
 	}
 	t.Logf("leave seen by both peers after %v", time.Since(start))
+	// c is no longer alive, but its peers still admit its calls for
+	// LeftGrace: it may be relaying ops and shipping its last writes.
+	for _, o := range []*mshipTestNode{a, b} {
+		if got := o.Admitted(); !slices.ContainsFunc(got, func(m Member) bool { return m.ID == "c" && m.State == MemberLeft }) {
+			t.Errorf("%s.Admitted() after c left = %v, want c among them", o.Self().ID, mshipIDs(got))
+		}
+	}
 	if st := c.Self().State; st != MemberLeft {
 		t.Errorf("c.Self().State = %q, want %q", st, MemberLeft)
 	}
@@ -360,6 +367,11 @@ func TestMembershipFailureDetected(t *testing.T) {
 				mshipWaitFor(t, mshipQuick, o.Self().ID+" onChange without c", func() bool {
 					return mshipHasIDs(o.rec.last(), "a", "b")
 				})
+				// A dead member's calls are not admitted (only a graceful
+				// leave gets LeftGrace).
+				if !mshipHasIDs(o.Admitted(), "a", "b") {
+					t.Errorf("%s.Admitted() = %v with c dead, want a and b", o.Self().ID, mshipIDs(o.Admitted()))
+				}
 			}
 			t.Logf("failure seen by both peers after %v", time.Since(start))
 		})

@@ -266,15 +266,17 @@ func (f *tlsFiles) peerDialOptions() []grpc.DialOption {
 	return []grpc.DialOption{grpc.WithTransportCredentials(credentials.NewTLS(cfg))}
 }
 
-// aliveLister lists the current members of the cluster
-// (*cluster.Membership).
+// aliveLister lists the members of the cluster whose peer calls are
+// admitted (*cluster.Membership: the alive ones, and those that left in the
+// last minute, which may still be draining).
 type aliveLister interface {
-	Alive() []cluster.Member
+	Admitted() []cluster.Member
 }
 
 // peerGate admits Peer RPCs: with mTLS only from a client whose certificate
 // the handshake verified against the CA; without, only from the IP of a
-// current member (its gRPC or gossip host). Other services pass through.
+// current member (its gRPC or gossip host), or of one that left gracefully in
+// the last minute. Other services pass through.
 type peerGate struct {
 	mtls    bool
 	members aliveLister
@@ -297,7 +299,7 @@ func (g peerGate) admit(ctx context.Context, method string) error {
 	}
 	ip := addrIP(p.Addr)
 	if ip != nil && g.members != nil {
-		for _, m := range g.members.Alive() {
+		for _, m := range g.members.Admitted() {
 			for _, a := range []string{m.GRPCAddr, m.Addr} {
 				if h, _, err := net.SplitHostPort(a); err == nil && ip.Equal(net.ParseIP(h)) {
 					return nil

@@ -121,7 +121,7 @@ func leakCheck(t *testing.T) {
 // fakeMembers is an aliveLister with fixed members.
 type fakeMembers []cluster.Member
 
-func (f fakeMembers) Alive() []cluster.Member { return f }
+func (f fakeMembers) Admitted() []cluster.Member { return f }
 
 type fakePeer struct{ peerpb.UnimplementedPeerServer }
 
