@@ -252,6 +252,13 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 // owner may travel in different batches (up to fwdInflight are in flight per
 // peer), so two ops on the same key may be applied in either order.
 func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+	f.apply(ctx, now, ops, results, f.waitFor(ctx), false)
+}
+
+// apply is Apply with the forwarded ops' wait given; relayed marks them as
+// relayed by a leaving node (peerpb.DecideRequest.Relayed), so that their
+// owner applies them even if it is leaving too.
+func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, wait time.Duration, relayed bool) {
 	results = results[:len(ops)]
 	var (
 		req   *fwdRequest
@@ -306,7 +313,6 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 			continue
 		}
 		if req == nil {
-			wait := f.waitFor(ctx)
 			if wait <= 0 {
 				// No owner can answer in time (a call read late, e.g. by a
 				// process thawed after a freeze): decide locally, and do not
@@ -316,7 +322,7 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 				continue
 			}
 			req = f.getRequest()
-			req.deadline, req.wait = now+int64(wait), wait
+			req.deadline, req.wait, req.relayed = now+int64(wait), wait, relayed
 		}
 		it := req.add(i, p, op)
 		if ok, closed := p.enqueue(it); !ok {
@@ -625,6 +631,8 @@ type fwdRequest struct {
 	deadline int64
 	// wait is how long the waiter waits, read once with deadline.
 	wait time.Duration
+	// relayed marks the request's items (see fwdItem.relayed).
+	relayed bool
 }
 
 func newFwdRequest() *fwdRequest {
@@ -643,6 +651,7 @@ func (r *fwdRequest) add(index int, p *peerClient, op *bucket.Op) *fwdItem {
 	r.n++
 	it.index = index
 	it.deadline = r.deadline
+	it.relayed = r.relayed
 	it.peer = p
 	it.err = nil
 	it.res = bucket.Result{}
@@ -677,11 +686,14 @@ type fwdItem struct {
 	index int // in the caller's ops
 	// deadline is the request's deadline (Unix ns, entry node's clock).
 	deadline int64
-	key      []byte
-	op       bucket.Op // op.Key aliases key
-	state    atomic.Uint32
-	res      bucket.Result // written by a sender before state becomes fwdDone
-	err      error         // idem
+	// relayed is set for an op a leaving node relays for a peer; a batch
+	// holds only relayed items or only others (see peerClient.sendLoop).
+	relayed bool
+	key     []byte
+	op      bucket.Op // op.Key aliases key
+	state   atomic.Uint32
+	res     bucket.Result // written by a sender before state becomes fwdDone
+	err     error         // idem
 }
 
 // complete hands the owner's answer (or err) to the waiter, unless it gave

@@ -173,14 +173,17 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 	if n := nodeMetric(t, c.reg, "ringlimit_relayed_ops_total"); n < 4 {
 		t.Errorf("relayed ops %v, want at least the 4 its peers sent", n)
 	}
-	// The new owner starts leaving too: c still relays to it (c has not
-	// seen it leave), and it applies the relayed batch instead of sending
-	// it back.
+	// The new owner starts leaving too, before either has seen the other
+	// leave: c relays to it, and it applies the relayed batch instead of
+	// sending it back; its own entry ops go to c unrelayed, which relays
+	// them back to it. One counter still.
 	if err := next.node.handOff(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	if r := nodeHit(t, other, key, 1); r.Count != 12 {
-		t.Fatalf("hit via %s with two nodes leaving: count %d, want 12", other.id, r.Count)
+	for i, via := range []*nodeTestNode{other, next, other, next} {
+		if r := nodeHit(t, via, key, 1); r.Count != uint64(12+i) {
+			t.Fatalf("hit %d via %s with two nodes leaving: count %d, want %d", i+1, via.id, r.Count, 12+i)
+		}
 	}
 	if fb := nodeMetric(t, c.reg, "ringlimit_local_fallbacks_total"); fb != 0 {
 		t.Errorf("%v local fallbacks on the leaving node, want 0", fb)

@@ -196,7 +196,9 @@ func (p *peerClient) sendLoop() {
 		for len(b.batch) < maxOps {
 			select {
 			case it := <-p.queue:
-				if size+len(it.key) > fwdMaxBatchBytes {
+				// A batch is relayed or not as a whole: an op of the other
+				// kind waits for the next batch.
+				if size+len(it.key) > fwdMaxBatchBytes || it.relayed != first.relayed {
 					carry = it
 					break fill
 				}
@@ -216,7 +218,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 	live := b.batch[:0]
 	b.ptrs = b.ptrs[:0]
 	b.req.DeadlineNs = 0
-	b.req.Relayed = p.f.relaying.Load()
+	b.req.Relayed = len(b.batch) > 0 && b.batch[0].relayed
 	for _, it := range b.batch {
 		if it.state.Load() == fwdAbandoned {
 			continue // its waiter has decided it already: do not count it twice

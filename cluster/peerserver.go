@@ -241,10 +241,12 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 // decides them there rather than on a second counter here. A leaving node
 // relays only while it drains, so this path allocates freely.
 func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideRequest, out *peerpb.DecideResponse) error {
+	// Half of what the sender left, so that the answer is back before it
+	// gives up even with some clock skew between the two (its deadline is
+	// on its clock); a sender without a deadline gets the usual Timeout.
+	wait := s.f.timeout
 	if dl := req.GetDeadlineNs(); dl != 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, time.Duration(dl-now))
-		defer cancel()
+		wait = time.Duration(dl-now) / 2 // dl > now: checked by decide
 	}
 	pbs := req.GetOps()
 	ops := make([]bucket.Op, len(pbs))
@@ -252,7 +254,7 @@ func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideReq
 		ops[i] = peerOpFromPB(o)
 	}
 	results := make([]bucket.Result, len(ops))
-	s.f.Apply(ctx, now, ops, results)
+	s.f.apply(ctx, now, ops, results, wait, true)
 	s.f.m.relayed.Add(float64(len(ops)))
 	out.Results = out.Results[:0]
 	for _, r := range results {
