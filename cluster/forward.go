@@ -144,9 +144,9 @@ type Forwarder struct {
 	// re-syncing its counters after a freeze): see setServing.
 	refusing atomic.Bool
 	// relaying is set while the node leaves the cluster: its Owners then
-	// name the owners on the ring without it, the peer server relays the
-	// batches it receives to them instead of applying them, and every batch
-	// it sends is marked relayed (see peerpb.DecideRequest.Relayed).
+	// name the owners on the ring without it, and the peer server relays
+	// the batches it receives to them instead of applying them, in batches
+	// marked relayed (see peerpb.DecideRequest.Relayed and fwdItem.relayed).
 	relaying atomic.Bool
 	// graceUntil is f.mono() until which failures are not held against
 	// peers: they were this process's own freeze (see forgive).

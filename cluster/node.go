@@ -357,14 +357,20 @@ func (n *Node) rebuildLocked() {
 	}
 }
 
+// placement is the ring decisions follow in v: the ring, or while this
+// node leaves and relays (Forwarder.relaying) the ring without it, whose
+// owners take its keys over.
+func (n *Node) placement(v *view) *ring.Ring {
+	if n.fwd.relaying.Load() {
+		return v.targets
+	}
+	return v.ring
+}
+
 // Owner implements Owners from the current ring snapshot, without locks.
 func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	v := n.view.Load()
-	r := v.ring
-	if n.fwd.relaying.Load() {
-		r = v.targets // leaving: the owners that take its keys over
-	}
-	id, ok := r.Owner(key)
+	id, ok := n.placement(v).Owner(key)
 	if !ok || id == n.self {
 		return n.self, v.addrs[n.self], true
 	}
@@ -379,12 +385,7 @@ func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
 		return "", false, false
 	}
 	var buf [MaxReplicas]string
-	v := n.view.Load()
-	r := v.ring
-	if n.fwd.relaying.Load() {
-		r = v.targets
-	}
-	s := r.Successors(key, i+1, buf[:0])
+	s := n.placement(n.view.Load()).Successors(key, i+1, buf[:0])
 	if len(s) <= i {
 		return "", false, false
 	}

@@ -223,12 +223,8 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 	var op bucket.Op // escapes to Apply: one per batch, not per op
 	for i, o := range ops {
 		op = peerOpFromPB(o)
-		r := s.f.local.Apply(now, &op)
 		pr := &buf[i]
-		pr.Over = r.Over
-		pr.Count = r.Count
-		pr.Remaining = r.Remaining
-		pr.ResetAfterNs = r.ResetAfter
+		setPeerResult(pr, s.f.local.Apply(now, &op))
 		out.Results = append(out.Results, pr)
 	}
 	return nil
@@ -258,9 +254,19 @@ func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideReq
 	s.f.m.relayed.Add(float64(len(ops)))
 	out.Results = out.Results[:0]
 	for _, r := range results {
-		out.Results = append(out.Results, &peerpb.Result{Over: r.Over, Count: r.Count, Remaining: r.Remaining, ResetAfterNs: r.ResetAfter})
+		pr := new(peerpb.Result)
+		setPeerResult(pr, r)
+		out.Results = append(out.Results, pr)
 	}
 	return nil
+}
+
+// setPeerResult writes a decision into its wire form.
+func setPeerResult(pr *peerpb.Result, r bucket.Result) {
+	pr.Over = r.Over
+	pr.Count = r.Count
+	pr.Remaining = r.Remaining
+	pr.ResetAfterNs = r.ResetAfter
 }
 
 // Ping answers with this node's ID, or Unavailable while Decide is refused.

@@ -18,7 +18,8 @@ import (
 // pings it every probeInterval and clears the suspicion as soon as it
 // answers, or when SuspectFor has passed (the next failure makes it suspect
 // again) while its connection is not failing: a peer whose connection is
-// refused stays suspect until a probe answers. SetPeers with a new address replaces the client, suspicion and all.
+// refused stays suspect until a probe answers. SetPeers with a new address
+// replaces the client, suspicion and all.
 
 // peerSuspectAfter is how many failures in a row (timeouts or errors with
 // no answer between them) make a peer suspect. One slow answer on a busy

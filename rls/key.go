@@ -19,8 +19,9 @@ import (
 var ErrMalformedKey = errors.New("rls: malformed key")
 
 // AppendKey appends the key of a request descriptor to dst and returns the
-// extended slice; it is the counter key of a fixed-window rule (Domain.AppendKey
-// adds a tag for the other algorithms, and digests long values). The key is a sequence of length-prefixed
+// extended slice; it is the counter key of a fixed-window rule
+// (Domain.AppendKey adds a tag for the other algorithms, and digests long
+// values). The key is a sequence of length-prefixed
 // strings (a uvarint byte length, then the bytes): the domain, then each
 // entry's key and value in order. Unlike the reference's "domain_k_v" keys it
 // is unambiguous: distinct (domain, entries) give distinct keys, whatever

@@ -11,10 +11,11 @@ import (
 )
 
 // validateCmd loads a config file or directory and prints every error (exit
-// 1) or a summary (exit 0). A config without any domain is an error too, and
-// a subdirectory it skips gets a warning. A valid config that uses ringlimit's rate_limit
-// extensions (algorithm, burst) gets one warning line per rule on stderr: it
-// is valid for ringlimit, but envoyproxy/ratelimit would reject it.
+// 1) or a summary (exit 0). A config without any domain is an error too,
+// and a subdirectory it skips gets a warning. A valid config that uses
+// ringlimit's rate_limit extensions (algorithm, burst) gets one warning line
+// per rule on stderr: it is valid for ringlimit, but envoyproxy/ratelimit
+// would reject it.
 func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("validate", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -23,30 +24,26 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 		fmt.Fprintln(stderr, "usage: ringlimit validate [--merge-domains] PATH\n\nPATH is a config file or a directory of them (as serve --config).")
 		fs.PrintDefaults()
 	}
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	// Flags may follow the path too (validate PATH --merge-domains).
-	if fs.NArg() > 1 {
-		path := fs.Arg(0)
-		if err := fs.Parse(fs.Args()[1:]); err != nil {
+	// Flags may come before and after the path (validate PATH --merge-domains).
+	var paths []string
+	for rest := args; ; rest = fs.Args()[1:] {
+		if err := fs.Parse(rest); err != nil {
 			if errors.Is(err, flag.ErrHelp) {
 				return 0
 			}
 			return 2
 		}
-		if fs.NArg() > 0 {
-			fmt.Fprintf(stderr, "validate: one PATH, got %q and %q\n", path, fs.Arg(0))
-			return 2
+		if fs.NArg() == 0 {
+			break
 		}
-		args = []string{path}
-	} else {
-		args = fs.Args()
+		paths = append(paths, fs.Arg(0))
 	}
-	if len(args) != 1 {
+	args = paths
+	if len(args) > 1 {
+		fmt.Fprintf(stderr, "validate: one PATH, got %q and %q\n", args[0], args[1])
+		return 2
+	}
+	if len(args) == 0 {
 		fmt.Fprintln(stderr, "validate: PATH required")
 		fs.Usage()
 		return 2
