@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -199,5 +200,33 @@ func TestClusterTermWithFrozenPeer(t *testing.T) {
 	t.Logf("SIGTERM to exit with a frozen peer: %v", took)
 	if took >= shutdownTimeout/2 {
 		t.Errorf("SIGTERM with a frozen peer took %v to exit, want well under --shutdown-timeout %v", took, shutdownTimeout)
+	}
+}
+
+// TestClusterStopsAtOnce: when every node gets SIGTERM at the same time (a
+// StatefulSet scaled to zero, Ctrl-C on make run), each exits promptly. The
+// last one used to wait out half its --shutdown-timeout for a leave
+// broadcast that no node was left to take.
+func TestClusterStopsAtOnce(t *testing.T) {
+	const shutdownTimeout = time.Minute
+	c := startCluster(t, 3, dayConfig, "--shutdown-timeout", shutdownTimeout.String())
+	start := time.Now()
+	for _, n := range c.Nodes {
+		if err := n.signal(syscall.SIGTERM, true); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, n := range c.Nodes {
+		if err := n.Wait(shutdownTimeout + 10*time.Second); err != nil {
+			t.Fatal(err)
+		}
+		took := time.Since(start)
+		t.Logf("%s exited %v after the SIGTERMs", n.ID, took)
+		if took >= shutdownTimeout/2 {
+			t.Errorf("%s took %v to exit, want well under --shutdown-timeout %v", n.ID, took, shutdownTimeout)
+		}
+		if err := n.ExitErr(); err != nil {
+			t.Errorf("%s: exit after SIGTERM: %v", n.ID, err)
+		}
 	}
 }

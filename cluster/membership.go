@@ -110,6 +110,12 @@ const (
 	mshipJoinBackoffMax = 5 * time.Second
 	mshipFollowUpJoin   = time.Second // first re-join after joining
 	mshipDefaultLeave   = 5 * time.Second
+	// mshipLeaveBroadcastWait bounds the wait for memberlist's own leave
+	// broadcast, which goes out within a few gossip intervals while any
+	// node takes gossip. Peers already know of the leave from the leaving
+	// flag; when every peer leaves at the same time, the broadcast finds
+	// nobody to go to and would otherwise hold Leave for its whole timeout.
+	mshipLeaveBroadcastWait = time.Second
 	// mshipSettle lets a burst of events (a push/pull merging many nodes)
 	// land before onChange is computed.
 	mshipSettle = 20 * time.Millisecond
@@ -437,7 +443,8 @@ func (m *Membership) NumMembers() int { return m.ml.NumMembers() }
 // Leave announces a graceful departure and stops re-joining: other nodes drop
 // this one from their Alive set at once instead of waiting for failure
 // detection, and report it as MemberLeft. It waits up to timeout (<= 0 means
-// 5s) for the announcements to be gossiped. Calling it again returns nil;
+// 5s) for the announcements to be gossiped, and does not wait for the second
+// (memberlist's own leave) when no other node stays. Calling it again returns nil;
 // after Close it returns an error. Close must still be called.
 func (m *Membership) Leave(timeout time.Duration) (err error) {
 	m.life.Lock()
@@ -470,19 +477,43 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 
 	// First gossip the leaving flag, so that peers can tell this leave from
 	// a crash (memberlist's leave message is queued under the same name and
-	// would replace it), then memberlist's own leave; half the budget each.
+	// would replace it), with half the budget, then memberlist's own leave,
+	// with the rest up to mshipLeaveBroadcastWait.
 	// memberlist's UpdateNode can miss the end of its broadcast (its notify
 	// channel is unbuffered) and then waits out its timeout: that costs
 	// time, never correctness, so its error is only logged.
 	if err := m.ml.UpdateNode(max(timeout/2, time.Millisecond)); err != nil {
 		m.logger.Debug("cluster: leave: announcing the leaving flag", "err", err)
 	}
-	rest := max(time.Until(deadline), time.Millisecond)
+	if !m.othersStay() {
+		// Every other node has left, is leaving or is dead (the whole
+		// cluster stops): nobody would take memberlist's leave broadcast,
+		// and it would wait out its whole timeout. Close shuts it down.
+		m.logger.Info("cluster: left the cluster; no other member stays", "name", m.name)
+		return nil
+	}
+	// Its only error is that timeout: logged, like the flag's, since peers
+	// that got neither announcement still find this node gone by failure
+	// detection, and its counters were handed off before Leave.
+	rest := min(max(time.Until(deadline), time.Millisecond), mshipLeaveBroadcastWait)
 	if err := m.ml.Leave(rest); err != nil {
-		return fmt.Errorf("cluster: leave: %w", err)
+		m.logger.Debug("cluster: leave: memberlist's leave broadcast", "err", err)
 	}
 	m.logger.Info("cluster: left the cluster", "name", m.name)
 	return nil
+}
+
+// othersStay reports whether a node other than this one is alive and not
+// leaving.
+func (m *Membership) othersStay() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for name, n := range m.nodes {
+		if name != m.name && n.member.State == MemberAlive {
+			return true
+		}
+	}
+	return false
 }
 
 // SetReady gossips whether this process is ready (Member.Ready): it
