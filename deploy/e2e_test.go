@@ -35,6 +35,8 @@ import (
 
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlspb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
@@ -438,7 +440,27 @@ func TestStatefulSetE2E(t *testing.T) {
 		})
 		clients = append(clients, rlspb.NewRateLimitServiceClient(conn))
 	}
-	checkSharedLimit(t, clients, seedConfig(t).Domain)
+	// Local fallbacks (an owner that did not answer in 250 ms) over every
+	// pod: the one reason a shared count may be off.
+	fallbacks := func() float64 {
+		var sum float64
+		for _, p := range pods {
+			code, body, err := httpGet(client, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.ip, fmt.Sprint(debugPort))))
+			if err != nil || code != http.StatusOK {
+				t.Fatalf("%s /metrics: status %d, %v", p.name, code, err)
+			}
+			parser := expfmt.NewTextParser(model.UTF8Validation)
+			mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+			if err != nil {
+				t.Fatalf("%s /metrics: %v", p.name, err)
+			}
+			for _, m := range mfs["ringlimit_local_fallbacks_total"].GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+		return sum
+	}
+	checkSharedLimit(t, clients, seedConfig(t).Domain, fallbacks)
 
 	// Editing the ConfigMap reaches the pod without a restart.
 	_, cfgMount := volumeFor(t, k, func(v corev1.Volume) bool { return v.ConfigMap != nil })
@@ -493,8 +515,12 @@ func seedRequest(domain, path string) *rlspb.RateLimitRequest {
 // checkSharedLimit sends the seed's descriptor through every node in turn:
 // the 100-a-minute limit is counted once for the whole cluster, so hits
 // 1..100 are OK, whichever node they land on, and the next is over the limit
-// on every node.
-func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, domain string) {
+// on every node. fallbacks sums the cluster's local fallbacks: a call whose
+// owner stalled for more than the entry node's 250 ms wait (a loaded machine)
+// is decided on the entry node's own counter, so a check during which one
+// happened is run again with a new key, as is one that a minute boundary
+// cut (at most three runs in all).
+func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, domain string, fallbacks func() float64) {
 	t.Helper()
 	const limit = 100
 	call := func(i int, path string) *rlspb.RateLimitResponse {
@@ -508,14 +534,14 @@ func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, doma
 		}
 		return resp
 	}
-	// A minute boundary during the run resets the window; then start over
-	// with a new key (at most once more).
-	for attempt := 0; attempt < 2; attempt++ {
+	for attempt := 0; attempt < 3; attempt++ {
+		fb := fallbacks()
 		path := fmt.Sprintf("GET /e2e/%d", time.Now().UnixNano())
 		first := call(0, path)
+		var wrong string // the first mismatch, if any
 		rolled := false
 		prev := first.GetStatuses()[0].GetDurationUntilReset().AsDuration()
-		for i := 1; i <= limit+len(clients)-1 && !rolled; i++ {
+		for i := 1; i <= limit+len(clients)-1 && !rolled && wrong == ""; i++ {
 			resp := call(i, path)
 			st := resp.GetStatuses()[0]
 			if d := st.GetDurationUntilReset().AsDuration(); d > prev+time.Second {
@@ -524,22 +550,28 @@ func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, doma
 			}
 			prev = st.GetDurationUntilReset().AsDuration()
 			wantOver := i >= limit
-			if got := resp.GetOverallCode() == rlspb.RateLimitResponse_OVER_LIMIT; got != wantOver {
-				t.Fatalf("hit %d via node %d: overall %v (remaining %d), want over limit: %v",
+			switch got := resp.GetOverallCode() == rlspb.RateLimitResponse_OVER_LIMIT; {
+			case got != wantOver:
+				wrong = fmt.Sprintf("hit %d via node %d: overall %v (remaining %d), want over limit: %v",
 					i+1, i%len(clients), resp.GetOverallCode(), st.GetLimitRemaining(), wantOver)
-			}
-			if !wantOver && st.GetLimitRemaining() != uint32(limit-1-i) {
-				t.Fatalf("hit %d via node %d: remaining %d, want %d: the nodes do not share one counter",
+			case !wantOver && st.GetLimitRemaining() != uint32(limit-1-i):
+				wrong = fmt.Sprintf("hit %d via node %d: remaining %d, want %d: the nodes do not share one counter",
 					i+1, i%len(clients), st.GetLimitRemaining(), limit-1-i)
 			}
 		}
-		if !rolled {
+		switch {
+		case wrong != "" && fallbacks() == fb:
+			t.Fatal(wrong)
+		case wrong != "":
+			t.Logf("%s, with a local fallback during the check (a stalled owner); once more with a new key", wrong)
+		case rolled:
+			t.Log("the minute window rolled over during the check; once more with a new key")
+		default:
 			if first.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != limit {
 				t.Fatalf("first call: %v", first)
 			}
 			return
 		}
-		t.Log("the minute window rolled over during the check; once more with a new key")
 	}
-	t.Fatal("the window rolled over twice")
+	t.Fatal("no run of the check finished without a window rollover or a local fallback")
 }
