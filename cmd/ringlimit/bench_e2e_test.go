@@ -293,8 +293,10 @@ func TestBenchUnreachableTarget(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The port stays ours (no other test can take it) but nothing accepts
+	// or speaks HTTP/2 on it: the connection is never ready.
+	defer lis.Close()
 	addr := lis.Addr().String()
-	lis.Close() // nothing listens there now
 	var out, errOut bytes.Buffer
 	start := time.Now()
 	code := benchCmd(t.Context(), []string{"--addr", addr, "--connect-timeout", "300ms"}, &out, &errOut)
