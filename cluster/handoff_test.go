@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -187,5 +188,124 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 	}
 	if fb := nodeMetric(t, c.reg, "ringlimit_local_fallbacks_total"); fb != 0 {
 		t.Errorf("%v local fallbacks on the leaving node, want 0", fb)
+	}
+}
+
+// TestNodeJoiningNodeRelays: a node that has just gone ready relays the ops
+// it is sent to the keys' previous owners until its join relay ends, so
+// that while its peers add it to their rings one by one (some sending a key
+// to it, some still to the previous owner), the key is counted on one
+// counter; then it decides its keys itself, from the count the previous
+// owner replicated to it.
+func TestNodeJoiningNodeRelays(t *testing.T) {
+	nodes := nodeCluster(t, []string{"a", "b"}, nil)
+	c := nodeStart(t, "c", []string{nodes[0].node.Membership().Self().Addr}, func(cfg *NodeConfig) {
+		cfg.JoinRelay = time.Hour // until the test ends it
+	})
+	for _, n := range []*nodeTestNode{nodes[0], nodes[1], c} {
+		mshipWaitFor(t, mshipDetect, n.id+" ready with ring [a b c]", func() bool {
+			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), []string{"a", "b", "c"})
+		})
+	}
+	if !c.node.fwd.relaying.Load() {
+		t.Fatal("c does not relay after going ready")
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		if k := fmt.Sprintf("join-%d", i); nodeSuccessors(c, k, 1)[0] == "c" {
+			key = k
+		}
+	}
+	prevID, _ := c.node.view.Load().relayTo.Owner([]byte(key))
+	prev := nodeByID(nodes, prevID)
+	// A peer that has not seen c ready yet sends the key to prev, whose
+	// peer server applies it: prev's store applies the op directly.
+	notSeen := func() bucket.Result {
+		op := nodeDayOp(key)
+		return prev.node.rec.Apply(time.Now().UnixNano(), &op)
+	}
+	hit := func(i int, via string) bucket.Result {
+		switch via {
+		case "a":
+			return nodeHit(t, nodes[0], key, 1)
+		case "b":
+			return nodeHit(t, nodes[1], key, 1)
+		case "c":
+			return nodeHit(t, c, key, 1)
+		}
+		return notSeen()
+	}
+	vias := []string{"a", "c", "a peer that has not seen c", "b", "c", "a peer that has not seen c"}
+	for i, via := range vias {
+		if r := hit(i, via); r.Count != uint64(i+1) {
+			t.Fatalf("hit %d via %s while c relays: count %d, want %d (one counter, at %s)", i+1, via, r.Count, i+1, prev.id)
+		}
+	}
+	if n := nodeMetric(t, c.reg, "ringlimit_relayed_ops_total"); n < 2 {
+		t.Errorf("c relayed %v ops, want at least the 2 its peers sent", n)
+	}
+	// The relay ends: c decides the key, from the count prev replicated to
+	// it (prev's ring has c as the key's owner).
+	mshipWaitFor(t, mshipQuick, "prev's count to reach c", func() bool { return nodeCount(c, key) == uint64(len(vias)) })
+	c.node.viewMu.Lock()
+	gen := c.node.joinGen
+	c.node.viewMu.Unlock()
+	c.node.endJoinRelay(gen)
+	for i, via := range []string{"a", "b", "c"} {
+		want := uint64(len(vias) + i + 1)
+		if r := hit(i, via); r.Count != want {
+			t.Fatalf("hit via %s after the relay: count %d, want %d", via, r.Count, want)
+		}
+		if got := nodeCount(c, key); got != want {
+			t.Fatalf("hit via %s after the relay: c holds %d, want %d (decided at c)", via, got, want)
+		}
+	}
+	if fb := nodeMetric(t, c.reg, "ringlimit_local_fallbacks_total"); fb != 0 {
+		t.Errorf("%v local fallbacks on c, want 0", fb)
+	}
+}
+
+// TestNodeTwoJoiningNodesRelay: two nodes that join at once both relay to
+// the owners on the ring of the members that do not relay (the gossiped
+// Relaying flag), not each to the other, so a key still has one counter.
+func TestNodeTwoJoiningNodesRelay(t *testing.T) {
+	nodes := nodeCluster(t, []string{"a", "b"}, nil)
+	join := []string{nodes[0].node.Membership().Self().Addr}
+	long := func(cfg *NodeConfig) { cfg.JoinRelay = time.Hour }
+	c := nodeStart(t, "c", join, long)
+	d := nodeStart(t, "d", join, long)
+	all := []*nodeTestNode{nodes[0], nodes[1], c, d}
+	for _, n := range all {
+		mshipWaitFor(t, mshipDetect, n.id+" ready with ring [a b c d], seeing c and d relay", func() bool {
+			v := n.node.view.Load()
+			if !n.node.Ready() || !slices.Equal(v.ring.Members(), []string{"a", "b", "c", "d"}) {
+				return false
+			}
+			relaying := 0
+			for _, m := range n.node.Membership().Alive() {
+				if m.Relaying {
+					relaying++
+				}
+			}
+			return relaying == 2 || (n != c && n != d) // only c and d need to see it
+		})
+	}
+	// A key of c whose owner on d's relay ring is not d: c and d relay
+	// it to the same previous owner.
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("join2-%d", i)
+		if nodeSuccessors(c, k, 1)[0] == "c" {
+			key = k
+		}
+	}
+	prevID, _ := c.node.view.Load().relayTo.Owner([]byte(key))
+	if dPrev, _ := d.node.view.Load().relayTo.Owner([]byte(key)); dPrev != prevID || (prevID != "a" && prevID != "b") {
+		t.Fatalf("c relays %s to %s, d to %s: want one of a and b, the same", key, prevID, dPrev)
+	}
+	for i, via := range []*nodeTestNode{c, d, nodes[0], nodes[1], d, c} {
+		if r := nodeHit(t, via, key, 1); r.Count != uint64(i+1) {
+			t.Fatalf("hit %d via %s with c and d relaying: count %d, want %d (one counter, at %s)", i+1, via.id, r.Count, i+1, prevID)
+		}
 	}
 }

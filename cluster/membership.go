@@ -50,6 +50,10 @@ type Member struct {
 	// ring member (from metadata; see Membership.SetReady). A process
 	// starts not ready.
 	Ready bool
+	// Relaying reports that the process, ready, still relays the ops it
+	// is sent to the keys' owners on the ring without it (from metadata;
+	// see Membership.SetReady and NodeConfig.JoinRelay).
+	Relaying bool
 }
 
 // MaxLabelLen bounds MembershipConfig.Label: memberlist's limit.
@@ -346,7 +350,7 @@ func (m *Membership) Self() Member {
 	// Not reached: memberlist reports the local node during Create.
 	meta := *m.meta.Load()
 	d, _ := mshipDecodeMeta(meta)
-	return Member{ID: d.ID, Name: m.name, GRPCAddr: d.GRPCAddr, Started: m.started, State: MemberAlive, Ready: d.Ready}
+	return Member{ID: d.ID, Name: m.name, GRPCAddr: d.GRPCAddr, Started: m.started, State: MemberAlive, Ready: d.Ready, Relaying: d.Relaying}
 }
 
 // Alive returns the live ring members sorted by ID, self included until Leave.
@@ -516,12 +520,14 @@ func (m *Membership) othersStay() bool {
 	return false
 }
 
-// SetReady gossips whether this process is ready (Member.Ready): it
-// updates the node metadata and waits, at most about a second, until
-// memberlist has broadcast it (the update is gossiped anyway after that
-// wait). Other nodes see the change through their onChange. A process starts not ready. After Leave or Close it
-// returns an error and changes nothing.
-func (m *Membership) SetReady(ready bool) (err error) {
+// SetReady gossips whether this process is ready (Member.Ready) and, when
+// it is, whether it still relays (Member.Relaying): it updates the node
+// metadata and waits, at most about a second, until memberlist has
+// broadcast it (the update is gossiped anyway after that wait). Other nodes
+// see the change through their onChange. A process starts not ready; a
+// process that is not ready does not relay. After Leave or Close it returns
+// an error and changes nothing.
+func (m *Membership) SetReady(ready, relaying bool) (err error) {
 	m.life.Lock()
 	defer m.life.Unlock()
 	if m.closed || m.left {
@@ -532,10 +538,11 @@ func (m *Membership) SetReady(ready bool) (err error) {
 	if err != nil {
 		return fmt.Errorf("cluster: set ready: %w", err)
 	}
-	if cur.Ready == ready {
+	relaying = relaying && ready
+	if cur.Ready == ready && cur.Relaying == relaying {
 		return nil
 	}
-	cur.Ready = ready
+	cur.Ready, cur.Relaying = ready, relaying
 	meta, err := mshipEncodeMeta(cur)
 	if err != nil {
 		return fmt.Errorf("cluster: set ready: %w", err)
@@ -544,7 +551,7 @@ func (m *Membership) SetReady(ready bool) (err error) {
 	// UpdateNode's only error is the end of its wait, which it can miss
 	// (see Leave): the new metadata is already memberlist's and is gossiped.
 	if err := m.ml.UpdateNode(mshipUpdateWait); err != nil {
-		m.logger.Debug("cluster: set ready: broadcast not confirmed", "ready", ready, "err", err)
+		m.logger.Debug("cluster: set ready: broadcast not confirmed", "ready", ready, "relaying", relaying, "err", err)
 	}
 	return nil
 }

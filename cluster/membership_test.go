@@ -761,42 +761,50 @@ func TestMshipLogWriter(t *testing.T) {
 	}
 }
 
-// SetReady gossips the ready flag: every peer's Alive and onChange see it,
-// a process starts not ready, and SetReady after Leave is an error.
+// SetReady gossips the ready and relaying flags: every peer's Alive and
+// onChange see them, a process starts not ready, a process that is not
+// ready does not relay, and SetReady after Leave is an error.
 func TestMembershipSetReady(t *testing.T) {
 	t.Parallel()
 	n := newMshipNet()
 	nodes := mshipCluster(t, n, []string{"a", "b"})
 	a, b := nodes[0], nodes[1]
-	readyOf := func(ms []Member, id string) bool {
+	type flags struct{ ready, relaying bool }
+	flagsOf := func(ms []Member, id string) flags {
 		for _, m := range ms {
 			if m.ID == id {
-				return m.Ready
+				return flags{m.Ready, m.Relaying}
 			}
 		}
-		return false
+		return flags{}
 	}
-	if readyOf(b.Alive(), "a") || a.Self().Ready {
+	if flagsOf(b.Alive(), "a").ready || a.Self().Ready {
 		t.Fatal("a is ready before SetReady")
 	}
-	for _, want := range []bool{true, false, true} {
-		if err := a.SetReady(want); err != nil {
-			t.Fatalf("SetReady(%v): %v", want, err)
+	for _, tc := range []struct{ set, want flags }{
+		{flags{true, true}, flags{true, true}},
+		{flags{true, false}, flags{true, false}},
+		{flags{false, false}, flags{false, false}},
+		{flags{false, true}, flags{false, false}},
+		{flags{true, false}, flags{true, false}},
+	} {
+		if err := a.SetReady(tc.set.ready, tc.set.relaying); err != nil {
+			t.Fatalf("SetReady(%+v): %v", tc.set, err)
 		}
-		if a.Self().Ready != want {
-			t.Errorf("a.Self().Ready = %v after SetReady(%v)", a.Self().Ready, want)
+		if got := flagsOf([]Member{a.Self()}, "a"); got != tc.want {
+			t.Errorf("a.Self() has %+v after SetReady(%+v), want %+v", got, tc.set, tc.want)
 		}
-		mshipWaitFor(t, mshipQuick, fmt.Sprintf("b to see a ready=%v", want), func() bool {
-			return readyOf(b.Alive(), "a") == want && readyOf(b.rec.last(), "a") == want
+		mshipWaitFor(t, mshipQuick, fmt.Sprintf("b to see a %+v", tc.want), func() bool {
+			return flagsOf(b.Alive(), "a") == tc.want && flagsOf(b.rec.last(), "a") == tc.want
 		})
 	}
-	if err := a.SetReady(true); err != nil {
-		t.Errorf("repeated SetReady(true): %v", err)
+	if err := a.SetReady(true, false); err != nil {
+		t.Errorf("repeated SetReady(true, false): %v", err)
 	}
 	if err := a.Leave(mshipQuick); err != nil {
 		t.Fatal(err)
 	}
-	if err := a.SetReady(false); err == nil || !strings.HasPrefix(err.Error(), "cluster: ") {
+	if err := a.SetReady(false, false); err == nil || !strings.HasPrefix(err.Error(), "cluster: ") {
 		t.Errorf("SetReady after Leave = %v, want a cluster: error", err)
 	}
 }

@@ -22,6 +22,10 @@ const (
 	// mshipMetaFlagReady marks a node that has synced its counters and
 	// may be put in the ring. Old nodes ignore it (unknown flags are).
 	mshipMetaFlagReady = 1 << 1
+	// mshipMetaFlagRelaying marks a ready node that still relays what it
+	// is sent to the keys' previous owners (NodeConfig.JoinRelay). Old
+	// nodes ignore it.
+	mshipMetaFlagRelaying = 1 << 2
 )
 
 // mshipMeta is what a ringlimit process gossips about itself in memberlist's
@@ -32,6 +36,7 @@ type mshipMeta struct {
 	Started  int64  // process start, Unix ns
 	Leaving  bool   // a graceful leave has begun
 	Ready    bool   // synced: may be a ring member
+	Relaying bool   // just ready: relays to the keys' previous owners
 }
 
 var errMshipMetaShort = errors.New("cluster: metadata: truncated")
@@ -52,6 +57,9 @@ func mshipEncodeMeta(m mshipMeta) ([]byte, error) {
 	}
 	if m.Ready {
 		flags |= mshipMetaFlagReady
+	}
+	if m.Relaying {
+		flags |= mshipMetaFlagRelaying
 	}
 	b := make([]byte, 0, 2+2*binary.MaxVarintLen64+len(m.ID)+len(m.GRPCAddr)+binary.MaxVarintLen64)
 	b = append(b, mshipMetaVersion, flags)
@@ -82,6 +90,7 @@ func mshipDecodeMeta(b []byte) (mshipMeta, error) {
 	}
 	m.Leaving = b[1]&mshipMetaFlagLeaving != 0
 	m.Ready = b[1]&mshipMetaFlagReady != 0
+	m.Relaying = b[1]&mshipMetaFlagRelaying != 0
 	rest := b[2:]
 	var err error
 	if m.ID, rest, err = mshipReadString(rest); err != nil {

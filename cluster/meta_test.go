@@ -20,6 +20,7 @@ func TestMshipMetaRoundTrip(t *testing.T) {
 		{"leaving", mshipMeta{ID: "ringlimit-1", GRPCAddr: "10.0.0.8:8081", Started: 42, Leaving: true}},
 		{"ready", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true}},
 		{"ready and leaving", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true, Leaving: true}},
+		{"ready and relaying", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true, Relaying: true}},
 		{"negative start", mshipMeta{ID: "x", GRPCAddr: "[::1]:1", Started: -1}},
 		{"utf8 id", mshipMeta{ID: "nœud/é", GRPCAddr: "h:1", Started: 0}},
 		{"largest that fits", mshipMeta{ID: strings.Repeat("i", 400), GRPCAddr: strings.Repeat("g", 95) + ":1", Started: 1<<63 - 1}},

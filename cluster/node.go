@@ -41,6 +41,17 @@ type NodeConfig struct {
 	// peer's Sync before it becomes ready anyway; 0 means
 	// DefaultSyncTimeout.
 	SyncTimeout time.Duration
+	// JoinRelay is how long a node that has just gone ready (after joining,
+	// or re-syncing after a pause) still relays the ops it gets to the
+	// keys' owners on the ring without it, as a leaving node does: its
+	// peers add it to their rings one by one as its readiness is gossiped,
+	// and until all have, ops for its keys reach both it and their previous
+	// owners. Relayed there, they are counted on one counter, which the
+	// previous owner replicates to this node; after JoinRelay this node
+	// decides its keys itself. 0 means DefaultJoinRelay, negative disables
+	// it. Without replication (Replicas 1) there is no join relay: the
+	// counts it gathered would not reach this node.
+	JoinRelay time.Duration
 	// PauseThreshold is the gap between two ticks of the pause detector
 	// (every PauseThreshold/10) that means this process was frozen; 0
 	// means DefaultPauseThreshold, negative disables detection.
@@ -67,6 +78,9 @@ const (
 	DefaultSyncTimeout = 1500 * time.Millisecond
 	// DefaultPauseThreshold is the tick gap that means a freeze by default.
 	DefaultPauseThreshold = time.Second
+	// DefaultJoinRelay covers the gossip of a node's readiness to its peers
+	// (well under a second on a LAN) with a margin.
+	DefaultJoinRelay = 2 * time.Second
 )
 
 // view is one consistent picture of the cluster: the ring and where each of
@@ -76,6 +90,13 @@ type view struct {
 	// targets places the replicas of this node's writes: ring, or ring
 	// without this node while it drains.
 	targets *ring.Ring
+	// relayTo places the ops this node relays (Forwarder.relaying): the
+	// ring of the other members that do not relay themselves (see
+	// Member.Relaying), so that two nodes relaying at once send a key to the
+	// same owner. Without such members: a draining node's targets, and a
+	// joining node's ring (nobody holds older counts: it decides its own
+	// keys). ring when this node does not relay.
+	relayTo *ring.Ring
 	addrs   map[string]string // ID -> gRPC address
 	built   time.Time
 }
@@ -103,16 +124,25 @@ type Node struct {
 	dialOpts []grpc.DialOption
 
 	syncTimeout    time.Duration
+	joinRelay      time.Duration // <= 0: none
 	pauseThreshold time.Duration
 	mono           func() time.Duration
 	lastTick       atomic.Int64  // mono at the pause detector's last look, ns
 	pauseGen       atomic.Uint64 // pauses detected so far (see resync)
 
-	viewMu sync.Mutex // serialises rebuilds
-	alive  []Member   // the membership's last view, under viewMu
+	readyMu sync.Mutex // serialises readiness changes (setReady, endJoinRelay); before viewMu
+	viewMu  sync.Mutex // serialises rebuilds
+	alive   []Member   // the membership's last view, under viewMu
 
 	ready    atomic.Bool // synced: a member of its own ring
 	draining atomic.Bool
+	// joinRelaying is set from going ready until JoinRelay later (see
+	// NodeConfig.JoinRelay); joinGen numbers the times it was set, so that
+	// the end of an earlier one does not end a later one. Both change
+	// under viewMu.
+	joinRelaying atomic.Bool
+	joinGen      uint64
+	joinKick     chan uint64 // capacity 1: a join relay began, its joinGen
 
 	handoffKick chan struct{} // capacity 1
 	resyncKick  chan struct{} // capacity 1
@@ -151,10 +181,12 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		store:          cfg.Store,
 		selfAddr:       cfg.Membership.GRPCAddr,
 		syncTimeout:    cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
+		joinRelay:      cmp.Or(cfg.JoinRelay, DefaultJoinRelay),
 		pauseThreshold: cmp.Or(cfg.PauseThreshold, DefaultPauseThreshold),
 		mono:           cfg.monoClock,
 		handoffKick:    make(chan struct{}, 1),
 		resyncKick:     make(chan struct{}, 1),
+		joinKick:       make(chan uint64, 1),
 		members: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ringlimit_cluster_members", Help: "Ready cluster members in this node's ring (itself included once ready).",
 		}),
@@ -162,6 +194,9 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 			Name: "ringlimit_ring_rebuilds_total", Help: "Times the hash ring was rebuilt after a membership change.",
 		}),
 		rm: newReplMetrics(),
+	}
+	if n.replicas == 1 {
+		n.joinRelay = 0
 	}
 	if n.log == nil {
 		n.log = slog.New(slog.DiscardHandler)
@@ -177,7 +212,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.view.Store(&view{ring: r, targets: r, addrs: map[string]string{n.self: n.selfAddr}, built: time.Now()})
+	n.view.Store(&view{ring: r, targets: r, relayTo: r, addrs: map[string]string{n.self: n.selfAddr}, built: time.Now()})
 	if cfg.Registerer != nil {
 		if err := registerAll(cfg.Registerer, n.collectors()...); err != nil {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
@@ -236,9 +271,10 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		n.unregister(cfg.Registerer)
 		return nil, err
 	}
-	n.wg.Add(2)
+	n.wg.Add(3)
 	go n.handoffLoop()
 	go n.lifecycle()
+	go n.joinRelayLoop()
 	if n.pauseThreshold > 0 {
 		n.wg.Add(1)
 		go n.pauseLoop()
@@ -301,7 +337,7 @@ func (n *Node) rebuild() {
 // it is ready, per its own flag, which is ahead of its gossip) and publishes
 // it; a changed ring wakes the handoff. n.viewMu is held.
 func (n *Node) rebuildLocked() {
-	var ids, others []string
+	var ids, others, settled []string
 	addrs := map[string]string{n.self: n.selfAddr}
 	for _, m := range n.alive {
 		switch {
@@ -312,6 +348,9 @@ func (n *Node) rebuildLocked() {
 		case m.Ready:
 			ids = append(ids, m.ID)
 			others = append(others, m.ID)
+			if !m.Relaying {
+				settled = append(settled, m.ID)
+			}
 			addrs[m.ID] = m.GRPCAddr
 		}
 	}
@@ -320,10 +359,18 @@ func (n *Node) rebuildLocked() {
 		n.log.Error("ring rebuild failed; keeping the previous ring", "members", ids, "err", err)
 		return
 	}
-	targets := r
-	if n.draining.Load() && len(others) != len(ids) {
+	targets, relayTo := r, r
+	draining := n.draining.Load()
+	if draining && len(others) != len(ids) {
 		if targets, err = ring.New(others, n.ringCfg); err != nil {
 			n.log.Error("ring rebuild failed; keeping the previous ring", "members", others, "err", err)
+			return
+		}
+		relayTo = targets
+	}
+	if (draining || n.joinRelaying.Load()) && len(settled) > 0 && len(settled) != len(ids) {
+		if relayTo, err = ring.New(settled, n.ringCfg); err != nil {
+			n.log.Error("ring rebuild failed; keeping the previous ring", "members", settled, "err", err)
 			return
 		}
 	}
@@ -344,7 +391,7 @@ func (n *Node) rebuildLocked() {
 	// for a key whose owner has no client is decided here, and the owner
 	// never counts it); members gone lose theirs only after it stops.
 	n.fwd.addPeers(peers)
-	n.view.Store(&view{ring: r, targets: targets, addrs: addrs, built: time.Now()})
+	n.view.Store(&view{ring: r, targets: targets, relayTo: relayTo, addrs: addrs, built: time.Now()})
 	n.fwd.SetPeers(peers)
 	n.members.Set(float64(len(ids)))
 	if changed {
@@ -358,11 +405,11 @@ func (n *Node) rebuildLocked() {
 }
 
 // placement is the ring decisions follow in v: the ring, or while this
-// node leaves and relays (Forwarder.relaying) the ring without it, whose
-// owners take its keys over.
+// node relays (Forwarder.relaying: it leaves, or has just joined) the ring
+// of the members that take its keys over or still hold them (relayTo).
 func (n *Node) placement(v *view) *ring.Ring {
 	if n.fwd.relaying.Load() {
-		return v.targets
+		return v.relayTo
 	}
 	return v.ring
 }
@@ -478,11 +525,12 @@ func (n *Node) DebugHandler() http.Handler {
 			Joined    bool     `json:"joined"`
 			Ready     bool     `json:"ready"`
 			Draining  bool     `json:"draining,omitempty"`
+			Relaying  bool     `json:"relaying,omitempty"`
 			Replicas  int      `json:"replicas"`
 			Ring      []string `json:"ring"`
 			RingBuilt string   `json:"ring_built"`
 			Members   []member `json:"members"`
-		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
+		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.fwd.relaying.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

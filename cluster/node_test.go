@@ -66,9 +66,12 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 		// A sync cut short leaves a joining node ready without the keys
 		// its tests check.
 		SyncTimeout: 10 * time.Second,
-		Registerer:  tn.reg,
-		Logger:      slog.New(tn.logs),
-		monoClock:   func() time.Duration { return time.Duration(tn.mono.Load()) },
+		// Short, so that the tests' clusters settle quickly; nodeWaitRing
+		// waits for it to end.
+		JoinRelay:  200 * time.Millisecond,
+		Registerer: tn.reg,
+		Logger:     slog.New(tn.logs),
+		monoClock:  func() time.Duration { return time.Duration(tn.mono.Load()) },
 	}
 	if tweak != nil {
 		tweak(&cfg)
@@ -131,8 +134,8 @@ func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 	}
 	sort.Strings(ids)
 	for _, n := range on {
-		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v", n.id, ids), func() bool {
-			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), ids)
+		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
+			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), ids) && !n.node.fwd.relaying.Load()
 		})
 	}
 }

@@ -95,6 +95,8 @@ func (n *Node) resync(why string) {
 // that the others have it in their rings about when it puts itself in its
 // own.
 func (n *Node) setReady(ready bool) {
+	n.readyMu.Lock()
+	defer n.readyMu.Unlock()
 	if ready && n.draining.Load() {
 		return
 	}
@@ -104,9 +106,12 @@ func (n *Node) setReady(ready bool) {
 		n.rm.ready.Set(0)
 		n.rebuild()
 	} else {
+		// Relay before answering Decide: peers route here as soon as
+		// they see the readiness, before the others have.
+		n.beginJoinRelay()
 		n.fwd.setServing(true)
 	}
-	if err := n.m.SetReady(ready); err != nil {
+	if err := n.m.SetReady(ready, n.joinRelaying.Load()); err != nil {
 		n.log.Debug("cluster: gossiping readiness", "ready", ready, "err", err)
 	}
 	if ready {
@@ -168,4 +173,73 @@ func (n *Node) paused(gap time.Duration) {
 	case n.resyncKick <- struct{}{}:
 	default:
 	}
+}
+
+// beginJoinRelay makes this node relay what it is sent to the keys' owners
+// on the ring without it, for JoinRelay (see NodeConfig.JoinRelay).
+func (n *Node) beginJoinRelay() {
+	if n.joinRelay <= 0 {
+		return
+	}
+	n.viewMu.Lock()
+	n.joinGen++
+	gen := n.joinGen
+	n.joinRelaying.Store(true)
+	n.fwd.relaying.Store(true)
+	n.viewMu.Unlock()
+	select {
+	case <-n.joinKick: // an earlier relay's end, superseded
+	default:
+	}
+	n.joinKick <- gen
+}
+
+// joinRelayLoop ends each join relay JoinRelay after it began. It returns
+// when the node closes.
+func (n *Node) joinRelayLoop() {
+	defer n.wg.Done()
+	for {
+		var gen uint64
+		select {
+		case <-n.ctx.Done():
+			return
+		case gen = <-n.joinKick:
+		}
+		t := time.NewTimer(n.joinRelay)
+		select {
+		case <-n.ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+		n.endJoinRelay(gen)
+	}
+}
+
+// endJoinRelay ends join relay gen unless a later one began: from then on
+// this node decides the keys it owns, from the counts their previous owners
+// replicated to it. A draining node goes on relaying.
+func (n *Node) endJoinRelay(gen uint64) {
+	n.readyMu.Lock()
+	defer n.readyMu.Unlock()
+	n.viewMu.Lock()
+	current := gen == n.joinGen && n.joinRelaying.Load()
+	n.viewMu.Unlock()
+	if !current {
+		return
+	}
+	// Peers learn first, so that one relaying itself sends this node's
+	// keys here from then on (it applies relayed ops) rather than to their
+	// previous owners.
+	if err := n.m.SetReady(n.ready.Load(), false); err != nil {
+		n.log.Debug("cluster: gossiping the end of the join relay", "err", err)
+	}
+	n.viewMu.Lock()
+	defer n.viewMu.Unlock()
+	n.joinRelaying.Store(false)
+	if !n.draining.Load() {
+		n.fwd.relaying.Store(false)
+	}
+	n.rebuildLocked()
+	n.log.Info("cluster: deciding own keys; relayed to their previous owners since going ready", "for", n.joinRelay)
 }
