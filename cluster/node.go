@@ -93,9 +93,10 @@ type view struct {
 	// relayTo places the ops this node relays (Forwarder.relaying): the
 	// ring of the other members that do not relay themselves (see
 	// Member.Relaying), so that two nodes relaying at once send a key to the
-	// same owner. Without such members: a draining node's targets, and a
-	// joining node's ring (nobody holds older counts: it decides its own
-	// keys). ring when this node does not relay.
+	// same owner, and for a join relay only those that did not relay when
+	// it began (Node.joinSettled), so that a key's previous owner does not
+	// change while it lasts. Without such members, a draining node's
+	// targets. ring when this node does not relay.
 	relayTo *ring.Ring
 	addrs   map[string]string // ID -> gRPC address
 	built   time.Time
@@ -142,7 +143,8 @@ type Node struct {
 	// under viewMu.
 	joinRelaying atomic.Bool
 	joinGen      uint64
-	joinKick     chan uint64 // capacity 1: a join relay began, its joinGen
+	joinSettled  map[string]bool // the settled peers when the join relay began
+	joinKick     chan uint64     // capacity 1: a join relay began, its joinGen
 
 	handoffKick chan struct{} // capacity 1
 	resyncKick  chan struct{} // capacity 1
@@ -348,7 +350,7 @@ func (n *Node) rebuildLocked() {
 		case m.Ready:
 			ids = append(ids, m.ID)
 			others = append(others, m.ID)
-			if !m.Relaying {
+			if !m.Relaying && (!n.joinRelaying.Load() || n.joinSettled[m.ID]) {
 				settled = append(settled, m.ID)
 			}
 			addrs[m.ID] = m.GRPCAddr
@@ -404,20 +406,27 @@ func (n *Node) rebuildLocked() {
 	}
 }
 
-// placement is the ring decisions follow in v: the ring, or while this
-// node relays (Forwarder.relaying: it leaves, or has just joined) the ring
-// of the members that take its keys over or still hold them (relayTo).
-func (n *Node) placement(v *view) *ring.Ring {
-	if n.fwd.relaying.Load() {
-		return v.relayTo
+// placement is the ring key's decisions follow in v: the ring, or while
+// this node relays (Forwarder.relaying) the ring of the members that take
+// its keys over (it leaves: every key) or still hold them (it has just
+// joined: the keys it owns on the ring; the others are decided where the
+// ring places them, as the other nodes do).
+func (n *Node) placement(v *view, key []byte) *ring.Ring {
+	if !n.fwd.relaying.Load() {
+		return v.ring
 	}
-	return v.ring
+	if !n.draining.Load() {
+		if id, ok := v.ring.Owner(key); !ok || id != n.self {
+			return v.ring
+		}
+	}
+	return v.relayTo
 }
 
 // Owner implements Owners from the current ring snapshot, without locks.
 func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	v := n.view.Load()
-	id, ok := n.placement(v).Owner(key)
+	id, ok := n.placement(v, key).Owner(key)
 	if !ok || id == n.self {
 		return n.self, v.addrs[n.self], true
 	}
@@ -432,7 +441,7 @@ func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
 		return "", false, false
 	}
 	var buf [MaxReplicas]string
-	s := n.placement(n.view.Load()).Successors(key, i+1, buf[:0])
+	s := n.placement(n.view.Load(), key).Successors(key, i+1, buf[:0])
 	if len(s) <= i {
 		return "", false, false
 	}

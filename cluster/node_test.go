@@ -125,7 +125,7 @@ func nodeCluster(t *testing.T, ids []string, tweak func(*NodeConfig)) []*nodeTes
 }
 
 // nodeWaitRing waits until every node of on is ready with exactly the IDs
-// of want in its ring.
+// of want in its ring, and the join relays have ended.
 func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 	t.Helper()
 	var ids []string
@@ -135,7 +135,17 @@ func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 	sort.Strings(ids)
 	for _, n := range on {
 		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
-			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), ids) && !n.node.fwd.relaying.Load()
+			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) || n.node.fwd.relaying.Load() {
+				return false
+			}
+			// ... and sees no member relay: a relaying member is left out
+			// of where a node relays to (view.relayTo).
+			for _, m := range n.node.Membership().Alive() {
+				if m.Relaying {
+					return false
+				}
+			}
+			return true
 		})
 	}
 }

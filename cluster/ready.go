@@ -175,15 +175,29 @@ func (n *Node) paused(gap time.Duration) {
 	}
 }
 
-// beginJoinRelay makes this node relay what it is sent to the keys' owners
-// on the ring without it, for JoinRelay (see NodeConfig.JoinRelay).
+// beginJoinRelay makes this node relay the ops for its keys to their owners
+// on the ring of its settled peers (ready, not relaying themselves), for
+// JoinRelay (see NodeConfig.JoinRelay). Without settled peers (the first
+// node, or every node starting at once) nobody holds older counts, and it
+// does not relay.
 func (n *Node) beginJoinRelay() {
 	if n.joinRelay <= 0 {
 		return
 	}
 	n.viewMu.Lock()
+	settled := make(map[string]bool)
+	for _, m := range n.alive {
+		if m.ID != n.self && m.Ready && !m.Relaying {
+			settled[m.ID] = true
+		}
+	}
+	if len(settled) == 0 {
+		n.viewMu.Unlock()
+		return
+	}
 	n.joinGen++
 	gen := n.joinGen
+	n.joinSettled = settled
 	n.joinRelaying.Store(true)
 	n.fwd.relaying.Store(true)
 	n.viewMu.Unlock()
