@@ -79,7 +79,7 @@ func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
 	case gone:
 		state = MemberDead
 	}
-	mb := Member{ID: meta.ID, Name: name, GRPCAddr: meta.GRPCAddr, Addr: addr, Started: meta.Started, State: state, Ready: meta.Ready, Relaying: meta.Relaying}
+	mb := Member{ID: meta.ID, Name: name, GRPCAddr: meta.GRPCAddr, Addr: addr, Started: meta.Started, State: state, Ready: meta.Ready, Relaying: meta.Relaying, Draining: meta.Draining}
 	old, ok := m.nodes[name]
 	switch {
 	case !ok:

@@ -143,8 +143,9 @@ type Forwarder struct {
 	// refusing makes the peer server refuse Decide and Ping (the node is
 	// re-syncing its counters after a freeze): see setServing.
 	refusing atomic.Bool
-	// relaying is set while the node leaves the cluster: its Owners then
-	// name the owners on the ring without it, and the peer server relays
+	// relaying is set while the node leaves the cluster, or has just joined
+	// it (NodeConfig.JoinRelay): its Owners then name the owners its keys
+	// move to, or still have (Node.placement), and the peer server relays
 	// the batches it receives to them instead of applying them, in batches
 	// marked relayed (see peerpb.DecideRequest.Relayed and fwdItem.relayed).
 	relaying atomic.Bool
@@ -764,7 +765,7 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 	})
 	m.relayed = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ringlimit_relayed_ops_total",
-		Help: "Ops this node received while leaving the cluster and relayed to their owners on the ring without it.",
+		Help: "Ops this node received while leaving the cluster, or just after joining it, and relayed to the keys' new or previous owners.",
 	})
 	m.rerouted = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ringlimit_rerouted_decisions_total",

@@ -308,4 +308,65 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 			t.Fatalf("hit %d via %s with c and d relaying: count %d, want %d (one counter, at %s)", i+1, via.id, r.Count, i+1, prevID)
 		}
 	}
+	// c's relay ends while d's goes on: c decides its key, from the count
+	// replicated to it, and d (which does not own the key) sends it there.
+	mshipWaitFor(t, mshipQuick, "the count to reach c", func() bool { return nodeCount(c, key) == 6 })
+	c.node.viewMu.Lock()
+	gen := c.node.joinGen
+	c.node.viewMu.Unlock()
+	c.node.endJoinRelay(gen)
+	for i, via := range []*nodeTestNode{d, c, nodes[0], d, nodes[1]} {
+		want := uint64(7 + i)
+		if r := nodeHit(t, via, key, 1); r.Count != want || nodeCount(c, key) != want {
+			t.Fatalf("hit via %s after c's relay ended: count %d, c holds %d; want %d at c", via.id, r.Count, nodeCount(c, key), want)
+		}
+	}
+}
+
+// TestNodeDrainDuringJoinRelay: a node that drains while another relays
+// after joining gossips that it relays too, so the joining node stops
+// relaying its keys to it, and both send them to the same settled owner.
+func TestNodeDrainDuringJoinRelay(t *testing.T) {
+	nodes := nodeCluster(t, []string{"a", "b", "c"}, nil)
+	d := nodeStart(t, "d", []string{nodes[0].node.Membership().Self().Addr}, func(cfg *NodeConfig) {
+		cfg.JoinRelay = time.Hour
+	})
+	for _, n := range append(slices.Clone(nodes), d) {
+		mshipWaitFor(t, mshipDetect, n.id+" ready with ring [a b c d]", func() bool {
+			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), []string{"a", "b", "c", "d"})
+		})
+	}
+	b := nodes[1]
+	// A key of d's that d relays to b, its previous owner.
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("drainjoin-%d", i)
+		if o, _ := d.node.view.Load().relayTo.Owner([]byte(k)); o == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
+			key = k
+		}
+	}
+	if err := b.node.handOff(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	mshipWaitFor(t, mshipQuick, "d to relay the key past b", func() bool {
+		o, _ := d.node.view.Load().relayTo.Owner([]byte(key))
+		return o != "b" && o != "d"
+	})
+	x, _ := d.node.view.Load().relayTo.Owner([]byte(key))
+	if bx, _ := b.node.view.Load().relayTo.Owner([]byte(key)); bx != x {
+		t.Fatalf("d relays %s to %s, b to %s: want the same owner", key, x, bx)
+	}
+	// d's Envoys, a peer that has not seen d (it sends the key to b), a
+	// peer that has (to d): one counter, at x.
+	decide := func(via *nodeTestNode) uint64 {
+		resp, err := replDial(t, via).Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{{Key: []byte(key), Requests: 1 << 40, UnitNs: int64(nodeUnit), Hits: 1}}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return resp.GetResults()[0].GetCount()
+	}
+	counts := []uint64{nodeHit(t, d, key, 1).Count, decide(b), decide(d), decide(b), nodeHit(t, d, key, 1).Count}
+	if !slices.Equal(counts, []uint64{1, 2, 3, 4, 5}) {
+		t.Fatalf("counts via d, b, d, b, d: %v, want 1 to 5 (one counter, at %s)", counts, x)
+	}
 }

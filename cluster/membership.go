@@ -54,6 +54,9 @@ type Member struct {
 	// is sent to the keys' owners on the ring without it (from metadata;
 	// see Membership.SetReady and NodeConfig.JoinRelay).
 	Relaying bool
+	// Draining reports that the process hands its counters off before it
+	// leaves (from metadata; see Membership.SetDraining).
+	Draining bool
 }
 
 // MaxLabelLen bounds MembershipConfig.Label: memberlist's limit.
@@ -350,7 +353,7 @@ func (m *Membership) Self() Member {
 	// Not reached: memberlist reports the local node during Create.
 	meta := *m.meta.Load()
 	d, _ := mshipDecodeMeta(meta)
-	return Member{ID: d.ID, Name: m.name, GRPCAddr: d.GRPCAddr, Started: m.started, State: MemberAlive, Ready: d.Ready, Relaying: d.Relaying}
+	return Member{ID: d.ID, Name: m.name, GRPCAddr: d.GRPCAddr, Started: m.started, State: MemberAlive, Ready: d.Ready, Relaying: d.Relaying, Draining: d.Draining}
 }
 
 // Alive returns the live ring members sorted by ID, self included until Leave.
@@ -527,31 +530,54 @@ func (m *Membership) othersStay() bool {
 // see the change through their onChange. A process starts not ready; a
 // process that is not ready does not relay. After Leave or Close it returns
 // an error and changes nothing.
-func (m *Membership) SetReady(ready, relaying bool) (err error) {
+func (m *Membership) SetReady(ready, relaying bool) error {
+	relaying = relaying && ready
+	return m.updateMeta("set ready", func(cur *mshipMeta) bool {
+		if cur.Ready == ready && cur.Relaying == relaying {
+			return false
+		}
+		cur.Ready, cur.Relaying = ready, relaying
+		return true
+	})
+}
+
+// SetDraining gossips that this process has started to hand its counters
+// off before it leaves (Member.Draining), waiting as SetReady does. It
+// cannot be undone. After Leave or Close it returns an error.
+func (m *Membership) SetDraining() error {
+	return m.updateMeta("set draining", func(cur *mshipMeta) bool {
+		changed := !cur.Draining
+		cur.Draining = true
+		return changed
+	})
+}
+
+// updateMeta applies change to this process's metadata and, if it reports
+// a change, gossips the result, waiting at most about a second for the
+// broadcast. what names the caller in errors and logs.
+func (m *Membership) updateMeta(what string, change func(*mshipMeta) bool) (err error) {
 	m.life.Lock()
 	defer m.life.Unlock()
 	if m.closed || m.left {
-		return errors.New("cluster: set ready: membership has left or is closed")
+		return fmt.Errorf("cluster: %s: membership has left or is closed", what)
 	}
 	defer mshipRecover(&err)
 	cur, err := mshipDecodeMeta(*m.meta.Load())
 	if err != nil {
-		return fmt.Errorf("cluster: set ready: %w", err)
+		return fmt.Errorf("cluster: %s: %w", what, err)
 	}
-	relaying = relaying && ready
-	if cur.Ready == ready && cur.Relaying == relaying {
+	if !change(&cur) {
 		return nil
 	}
-	cur.Ready, cur.Relaying = ready, relaying
 	meta, err := mshipEncodeMeta(cur)
 	if err != nil {
-		return fmt.Errorf("cluster: set ready: %w", err)
+		return fmt.Errorf("cluster: %s: %w", what, err)
 	}
 	m.meta.Store(&meta)
 	// UpdateNode's only error is the end of its wait, which it can miss
 	// (see Leave): the new metadata is already memberlist's and is gossiped.
 	if err := m.ml.UpdateNode(mshipUpdateWait); err != nil {
-		m.logger.Debug("cluster: set ready: broadcast not confirmed", "ready", ready, "relaying", relaying, "err", err)
+		m.logger.Debug("cluster: "+what+": broadcast not confirmed", "err", err)
 	}
 	return nil
 }

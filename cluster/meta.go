@@ -26,6 +26,9 @@ const (
 	// is sent to the keys' previous owners (NodeConfig.JoinRelay). Old
 	// nodes ignore it.
 	mshipMetaFlagRelaying = 1 << 2
+	// mshipMetaFlagDraining marks a node that has started to hand its
+	// counters off before it leaves (Node.Drain). Old nodes ignore it.
+	mshipMetaFlagDraining = 1 << 3
 )
 
 // mshipMeta is what a ringlimit process gossips about itself in memberlist's
@@ -37,6 +40,7 @@ type mshipMeta struct {
 	Leaving  bool   // a graceful leave has begun
 	Ready    bool   // synced: may be a ring member
 	Relaying bool   // just ready: relays to the keys' previous owners
+	Draining bool   // handing its counters off before it leaves
 }
 
 var errMshipMetaShort = errors.New("cluster: metadata: truncated")
@@ -60,6 +64,9 @@ func mshipEncodeMeta(m mshipMeta) ([]byte, error) {
 	}
 	if m.Relaying {
 		flags |= mshipMetaFlagRelaying
+	}
+	if m.Draining {
+		flags |= mshipMetaFlagDraining
 	}
 	b := make([]byte, 0, 2+2*binary.MaxVarintLen64+len(m.ID)+len(m.GRPCAddr)+binary.MaxVarintLen64)
 	b = append(b, mshipMetaVersion, flags)
@@ -91,6 +98,7 @@ func mshipDecodeMeta(b []byte) (mshipMeta, error) {
 	m.Leaving = b[1]&mshipMetaFlagLeaving != 0
 	m.Ready = b[1]&mshipMetaFlagReady != 0
 	m.Relaying = b[1]&mshipMetaFlagRelaying != 0
+	m.Draining = b[1]&mshipMetaFlagDraining != 0
 	rest := b[2:]
 	var err error
 	if m.ID, rest, err = mshipReadString(rest); err != nil {

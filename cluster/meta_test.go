@@ -21,6 +21,7 @@ func TestMshipMetaRoundTrip(t *testing.T) {
 		{"ready", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true}},
 		{"ready and leaving", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true, Leaving: true}},
 		{"ready and relaying", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true, Relaying: true}},
+		{"ready and draining", mshipMeta{ID: "ringlimit-2", GRPCAddr: "10.0.0.9:8081", Started: 43, Ready: true, Draining: true}},
 		{"negative start", mshipMeta{ID: "x", GRPCAddr: "[::1]:1", Started: -1}},
 		{"utf8 id", mshipMeta{ID: "nœud/é", GRPCAddr: "h:1", Started: 0}},
 		{"largest that fits", mshipMeta{ID: strings.Repeat("i", 400), GRPCAddr: strings.Repeat("g", 95) + ":1", Started: 1<<63 - 1}},

@@ -340,6 +340,7 @@ func (n *Node) rebuild() {
 // it; a changed ring wakes the handoff. n.viewMu is held.
 func (n *Node) rebuildLocked() {
 	var ids, others, settled []string
+	draining, joinRelaying := n.draining.Load(), n.joinRelaying.Load()
 	addrs := map[string]string{n.self: n.selfAddr}
 	for _, m := range n.alive {
 		switch {
@@ -350,8 +351,17 @@ func (n *Node) rebuildLocked() {
 		case m.Ready:
 			ids = append(ids, m.ID)
 			others = append(others, m.ID)
-			if !m.Relaying && (!n.joinRelaying.Load() || n.joinSettled[m.ID]) {
-				settled = append(settled, m.ID)
+			switch {
+			case draining:
+				// Another draining node is where a key's new owner may
+				// be; a joining one relays.
+				if !m.Relaying || m.Draining {
+					settled = append(settled, m.ID)
+				}
+			case joinRelaying:
+				if !m.Relaying && !m.Draining && n.joinSettled[m.ID] {
+					settled = append(settled, m.ID)
+				}
 			}
 			addrs[m.ID] = m.GRPCAddr
 		}
@@ -362,7 +372,6 @@ func (n *Node) rebuildLocked() {
 		return
 	}
 	targets, relayTo := r, r
-	draining := n.draining.Load()
 	if draining && len(others) != len(ids) {
 		if targets, err = ring.New(others, n.ringCfg); err != nil {
 			n.log.Error("ring rebuild failed; keeping the previous ring", "members", others, "err", err)
@@ -370,7 +379,7 @@ func (n *Node) rebuildLocked() {
 		}
 		relayTo = targets
 	}
-	if (draining || n.joinRelaying.Load()) && len(settled) > 0 && len(settled) != len(ids) {
+	if (draining || joinRelaying) && len(settled) > 0 && len(settled) != len(ids) {
 		if relayTo, err = ring.New(settled, n.ringCfg); err != nil {
 			n.log.Error("ring rebuild failed; keeping the previous ring", "members", settled, "err", err)
 			return

@@ -100,25 +100,37 @@ func (n *Node) setReady(ready bool) {
 	if ready && n.draining.Load() {
 		return
 	}
-	if !ready {
+	relaying := false
+	switch {
+	case !ready:
 		n.fwd.setServing(false)
 		n.ready.Store(false)
 		n.rm.ready.Set(0)
 		n.rebuild()
-	} else {
-		// Relay before answering Decide: peers route here as soon as
-		// they see the readiness, before the others have.
-		n.beginJoinRelay()
+	case n.beginJoinRelay():
+		// Relaying, it puts itself in its own ring first: it sends the
+		// ops for its keys to their previous owners, so it decides none
+		// that the others still send there, and it answers the peers
+		// that route here once they see the readiness.
+		relaying = true
+		n.markReady()
+		n.fwd.setServing(true)
+	default:
 		n.fwd.setServing(true)
 	}
-	if err := n.m.SetReady(ready, n.joinRelaying.Load()); err != nil {
+	if err := n.m.SetReady(ready, relaying); err != nil {
 		n.log.Debug("cluster: gossiping readiness", "ready", ready, "err", err)
 	}
-	if ready {
-		n.ready.Store(true)
-		n.rm.ready.Set(1)
-		n.rebuild()
+	if ready && !relaying {
+		n.markReady()
 	}
+}
+
+// markReady puts this node in its own ring.
+func (n *Node) markReady() {
+	n.ready.Store(true)
+	n.rm.ready.Set(1)
+	n.rebuild()
 }
 
 // pauseLoop ticks every pauseThreshold/10 and reports a pause when two
@@ -177,23 +189,23 @@ func (n *Node) paused(gap time.Duration) {
 
 // beginJoinRelay makes this node relay the ops for its keys to their owners
 // on the ring of its settled peers (ready, not relaying themselves), for
-// JoinRelay (see NodeConfig.JoinRelay). Without settled peers (the first
-// node, or every node starting at once) nobody holds older counts, and it
-// does not relay.
-func (n *Node) beginJoinRelay() {
+// JoinRelay (see NodeConfig.JoinRelay), and reports whether it does.
+// Without settled peers (the first node, or every node starting at once)
+// nobody holds older counts, and it does not relay.
+func (n *Node) beginJoinRelay() bool {
 	if n.joinRelay <= 0 {
-		return
+		return false
 	}
 	n.viewMu.Lock()
 	settled := make(map[string]bool)
 	for _, m := range n.alive {
-		if m.ID != n.self && m.Ready && !m.Relaying {
+		if m.ID != n.self && m.Ready && !m.Relaying && !m.Draining {
 			settled[m.ID] = true
 		}
 	}
 	if len(settled) == 0 {
 		n.viewMu.Unlock()
-		return
+		return false
 	}
 	n.joinGen++
 	gen := n.joinGen
@@ -206,6 +218,7 @@ func (n *Node) beginJoinRelay() {
 	default:
 	}
 	n.joinKick <- gen
+	return true
 }
 
 // joinRelayLoop ends each join relay JoinRelay after it began. It returns
