@@ -149,6 +149,10 @@ type Forwarder struct {
 	// the batches it receives to them instead of applying them, in batches
 	// marked relayed (see peerpb.DecideRequest.Relayed and fwdItem.relayed).
 	relaying atomic.Bool
+	// marksRelay tells which of the ops the peer server relays to mark
+	// relayed (nil: all): a leaving node marks every op, a node that has
+	// just joined only those for its own keys (Node.marksRelay).
+	marksRelay func(key []byte) bool
 	// graceUntil is f.mono() until which failures are not held against
 	// peers: they were this process's own freeze (see forgive).
 	graceUntil atomic.Int64

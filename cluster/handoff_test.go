@@ -198,15 +198,8 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 // counter; then it decides its keys itself, from the count the previous
 // owner replicated to it.
 func TestNodeJoiningNodeRelays(t *testing.T) {
-	nodes := nodeCluster(t, []string{"a", "b"}, nil)
-	c := nodeStart(t, "c", []string{nodes[0].node.Membership().Self().Addr}, func(cfg *NodeConfig) {
-		cfg.JoinRelay = time.Hour // until the test ends it
-	})
-	for _, n := range []*nodeTestNode{nodes[0], nodes[1], c} {
-		mshipWaitFor(t, mshipDetect, n.id+" ready with ring [a b c]", func() bool {
-			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), []string{"a", "b", "c"})
-		})
-	}
+	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
+	c := joiners[0]
 	if !c.node.fwd.relaying.Load() {
 		t.Fatal("c does not relay after going ready")
 	}
@@ -269,27 +262,8 @@ func TestNodeJoiningNodeRelays(t *testing.T) {
 // the owners on the ring of the members that do not relay (the gossiped
 // Relaying flag), not each to the other, so a key still has one counter.
 func TestNodeTwoJoiningNodesRelay(t *testing.T) {
-	nodes := nodeCluster(t, []string{"a", "b"}, nil)
-	join := []string{nodes[0].node.Membership().Self().Addr}
-	long := func(cfg *NodeConfig) { cfg.JoinRelay = time.Hour }
-	c := nodeStart(t, "c", join, long)
-	d := nodeStart(t, "d", join, long)
-	all := []*nodeTestNode{nodes[0], nodes[1], c, d}
-	for _, n := range all {
-		mshipWaitFor(t, mshipDetect, n.id+" ready with ring [a b c d], seeing c and d relay", func() bool {
-			v := n.node.view.Load()
-			if !n.node.Ready() || !slices.Equal(v.ring.Members(), []string{"a", "b", "c", "d"}) {
-				return false
-			}
-			relaying := 0
-			for _, m := range n.node.Membership().Alive() {
-				if m.Relaying {
-					relaying++
-				}
-			}
-			return relaying == 2 || (n != c && n != d) // only c and d need to see it
-		})
-	}
+	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c", "d"})
+	c, d := joiners[0], joiners[1]
 	// A key of c whose owner on d's relay ring is not d: c and d relay
 	// it to the same previous owner.
 	key := ""
@@ -324,18 +298,12 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 }
 
 // TestNodeDrainDuringJoinRelay: a node that drains while another relays
-// after joining gossips that it relays too, so the joining node stops
-// relaying its keys to it, and both send them to the same settled owner.
+// after joining gossips that it drains, and the joining node ends its relay
+// at once: the draining node relays to it and pushes it its counts, so the
+// joining node decides its keys from then on, on one counter.
 func TestNodeDrainDuringJoinRelay(t *testing.T) {
-	nodes := nodeCluster(t, []string{"a", "b", "c"}, nil)
-	d := nodeStart(t, "d", []string{nodes[0].node.Membership().Self().Addr}, func(cfg *NodeConfig) {
-		cfg.JoinRelay = time.Hour
-	})
-	for _, n := range append(slices.Clone(nodes), d) {
-		mshipWaitFor(t, mshipDetect, n.id+" ready with ring [a b c d]", func() bool {
-			return n.node.Ready() && slices.Equal(n.node.view.Load().ring.Members(), []string{"a", "b", "c", "d"})
-		})
-	}
+	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b", "c"}, []string{"d"})
+	d := joiners[0]
 	b := nodes[1]
 	// A key of d's that d relays to b, its previous owner.
 	key := ""
@@ -345,28 +313,86 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 			key = k
 		}
 	}
+	for i := range 3 {
+		if r := nodeHit(t, d, key, 1); r.Count != uint64(i+1) || nodeCount(b, key) != uint64(i+1) {
+			t.Fatalf("hit %d via d while it relays: count %d, b holds %d", i+1, r.Count, nodeCount(b, key))
+		}
+	}
 	if err := b.node.handOff(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	mshipWaitFor(t, mshipQuick, "d to relay the key past b", func() bool {
-		o, _ := d.node.view.Load().relayTo.Owner([]byte(key))
-		return o != "b" && o != "d"
-	})
-	x, _ := d.node.view.Load().relayTo.Owner([]byte(key))
-	if bx, _ := b.node.view.Load().relayTo.Owner([]byte(key)); bx != x {
-		t.Fatalf("d relays %s to %s, b to %s: want the same owner", key, x, bx)
+	mshipWaitFor(t, mshipQuick, "d to end its relay", func() bool { return !d.node.fwd.relaying.Load() })
+	// d's Envoys, a peer that has not seen d (it sends the key to b, which
+	// relays it), a peer that has (to d), one that has seen b drain: all
+	// at d, from the count b pushed.
+	counts := []uint64{nodeHit(t, d, key, 1).Count, nodeDecide(t, b, key), nodeDecide(t, d, key), nodeHit(t, nodes[0], key, 1).Count, nodeDecide(t, b, key)}
+	if !slices.Equal(counts, []uint64{4, 5, 6, 7, 8}) || nodeCount(d, key) != 8 {
+		t.Fatalf("counts via d, b, d, a, b: %v, d holds %d; want 4 to 8, at d", counts, nodeCount(d, key))
 	}
-	// d's Envoys, a peer that has not seen d (it sends the key to b), a
-	// peer that has (to d): one counter, at x.
-	decide := func(via *nodeTestNode) uint64 {
-		resp, err := replDial(t, via).Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{{Key: []byte(key), Requests: 1 << 40, UnitNs: int64(nodeUnit), Hits: 1}}})
-		if err != nil {
-			t.Fatal(err)
+}
+
+// TestNodeJoinRelayForwardsOthersKeys: a node in its join relay that is
+// sent a key it does not own (the sender has seen it join but not a second
+// node that joined meanwhile and owns the key) forwards it unmarked, so the
+// key's new owner relays it to the previous owner with its own ops, rather
+// than applying it beside them.
+func TestNodeJoinRelayForwardsOthersKeys(t *testing.T) {
+	_, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c", "d"})
+	c, d := joiners[0], joiners[1]
+	abc, err := ring.New([]string{"a", "b", "c"}, c.node.ringCfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	key := ""
+	for i := 0; key == ""; i++ {
+		k := fmt.Sprintf("joinfwd-%d", i)
+		if o, _ := abc.Owner([]byte(k)); o == "c" && nodeSuccessors(d, k, 1)[0] == "d" {
+			key = k
 		}
-		return resp.GetResults()[0].GetCount()
 	}
-	counts := []uint64{nodeHit(t, d, key, 1).Count, decide(b), decide(d), decide(b), nodeHit(t, d, key, 1).Count}
-	if !slices.Equal(counts, []uint64{1, 2, 3, 4, 5}) {
-		t.Fatalf("counts via d, b, d, b, d: %v, want 1 to 5 (one counter, at %s)", counts, x)
+	prev, _ := d.node.view.Load().relayTo.Owner([]byte(key))
+	counts := []uint64{nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count, nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count}
+	if !slices.Equal(counts, []uint64{1, 2, 3, 4}) {
+		t.Fatalf("counts via a peer to c, d's Envoys, a peer to c, d's Envoys: %v, want 1 to 4 (one counter, at %s)", counts, prev)
 	}
+}
+
+// nodeDecide sends one hit on key to n's peer server, as a peer forwarding
+// an op it takes n to own, and returns the count answered.
+func nodeDecide(t *testing.T, n *nodeTestNode, key string) uint64 {
+	t.Helper()
+	resp, err := replDial(t, n).Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{{Key: []byte(key), Requests: 1 << 40, UnitNs: int64(nodeUnit), Hits: 1}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.GetResults()[0].GetCount()
+}
+
+// nodeJoinRelayCluster starts a cluster of the IDs settled, then the IDs
+// joining, which relay after going ready until the test ends their relays,
+// and waits until every node has all of them in its ring and sees every
+// joining node relay.
+func nodeJoinRelayCluster(t *testing.T, settled, joining []string) (nodes, joiners []*nodeTestNode) {
+	t.Helper()
+	nodes = nodeCluster(t, settled, nil)
+	join := []string{nodes[0].node.Membership().Self().Addr}
+	for _, id := range joining {
+		joiners = append(joiners, nodeStart(t, id, join, func(cfg *NodeConfig) { cfg.JoinRelay = time.Hour }))
+	}
+	ids := slices.Sorted(slices.Values(append(slices.Clone(settled), joining...)))
+	for _, n := range append(slices.Clone(nodes), joiners...) {
+		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v, seeing %v relay", n.id, ids, joining), func() bool {
+			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) {
+				return false
+			}
+			relaying := 0
+			for _, m := range n.node.Membership().Alive() {
+				if m.Relaying {
+					relaying++
+				}
+			}
+			return relaying == len(joining)
+		})
+	}
+	return nodes, joiners
 }

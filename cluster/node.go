@@ -90,13 +90,13 @@ type view struct {
 	// targets places the replicas of this node's writes: ring, or ring
 	// without this node while it drains.
 	targets *ring.Ring
-	// relayTo places the ops this node relays (Forwarder.relaying): the
-	// ring of the other members that do not relay themselves (see
-	// Member.Relaying), so that two nodes relaying at once send a key to the
-	// same owner, and for a join relay only those that did not relay when
-	// it began (Node.joinSettled), so that a key's previous owner does not
-	// change while it lasts. Without such members, a draining node's
-	// targets. ring when this node does not relay.
+	// relayTo places the ops this node relays (Forwarder.relaying). For a
+	// draining node it is targets. For a node in its join relay it is the
+	// ring of the peers that were settled when the relay began
+	// (Node.joinSettled) and still are (neither relaying nor draining), so
+	// that two joining nodes send a key to the same previous owner, which
+	// does not change while the relay lasts; ring if there are none. When
+	// this node does not relay it is ring.
 	relayTo *ring.Ring
 	addrs   map[string]string // ID -> gRPC address
 	built   time.Time
@@ -145,6 +145,7 @@ type Node struct {
 	joinGen      uint64
 	joinSettled  map[string]bool // the settled peers when the join relay began
 	joinKick     chan uint64     // capacity 1: a join relay began, its joinGen
+	joinCut      chan struct{}   // capacity 1: end the join relay now (a member drains)
 
 	handoffKick chan struct{} // capacity 1
 	resyncKick  chan struct{} // capacity 1
@@ -189,6 +190,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		handoffKick:    make(chan struct{}, 1),
 		resyncKick:     make(chan struct{}, 1),
 		joinKick:       make(chan uint64, 1),
+		joinCut:        make(chan struct{}, 1),
 		members: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "ringlimit_cluster_members", Help: "Ready cluster members in this node's ring (itself included once ready).",
 		}),
@@ -245,6 +247,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	n.fwd.setServing(false) // until synced
 	n.lastTick.Store(int64(n.mono()))
 	n.fwd.stalled = n.stalled
+	n.fwd.marksRelay = n.marksRelay
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if rlog != nil {
 		n.repl = &replicator{
@@ -341,6 +344,7 @@ func (n *Node) rebuild() {
 func (n *Node) rebuildLocked() {
 	var ids, others, settled []string
 	draining, joinRelaying := n.draining.Load(), n.joinRelaying.Load()
+	someDraining := false
 	addrs := map[string]string{n.self: n.selfAddr}
 	for _, m := range n.alive {
 		switch {
@@ -351,17 +355,11 @@ func (n *Node) rebuildLocked() {
 		case m.Ready:
 			ids = append(ids, m.ID)
 			others = append(others, m.ID)
-			switch {
-			case draining:
-				// Another draining node is where a key's new owner may
-				// be; a joining one relays.
-				if !m.Relaying || m.Draining {
-					settled = append(settled, m.ID)
-				}
-			case joinRelaying:
-				if !m.Relaying && !m.Draining && n.joinSettled[m.ID] {
-					settled = append(settled, m.ID)
-				}
+			if joinRelaying && !m.Relaying && !m.Draining && n.joinSettled[m.ID] {
+				settled = append(settled, m.ID)
+			}
+			if m.Draining {
+				someDraining = true
 			}
 			addrs[m.ID] = m.GRPCAddr
 		}
@@ -379,7 +377,7 @@ func (n *Node) rebuildLocked() {
 		}
 		relayTo = targets
 	}
-	if (draining || joinRelaying) && len(settled) > 0 && len(settled) != len(ids) {
+	if !draining && joinRelaying && len(settled) > 0 && len(settled) != len(ids) {
 		if relayTo, err = ring.New(settled, n.ringCfg); err != nil {
 			n.log.Error("ring rebuild failed; keeping the previous ring", "members", settled, "err", err)
 			return
@@ -403,6 +401,14 @@ func (n *Node) rebuildLocked() {
 	// never counts it); members gone lose theirs only after it stops.
 	n.fwd.addPeers(peers)
 	n.view.Store(&view{ring: r, targets: targets, relayTo: relayTo, addrs: addrs, built: time.Now()})
+	if joinRelaying && someDraining {
+		// A draining node relays to the joining ones: the join relay
+		// ends, so that a key is not sent from each to the other.
+		select {
+		case n.joinCut <- struct{}{}:
+		default:
+		}
+	}
 	n.fwd.SetPeers(peers)
 	n.members.Set(float64(len(ids)))
 	if changed {

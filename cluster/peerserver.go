@@ -244,14 +244,35 @@ func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideReq
 	if dl := req.GetDeadlineNs(); dl != 0 {
 		wait = time.Duration(dl-now) / 2 // dl > now: checked by decide
 	}
-	pbs := req.GetOps()
-	ops := make([]bucket.Op, len(pbs))
-	for i, o := range pbs {
-		ops[i] = peerOpFromPB(o)
+	// Ops marked relayed are applied where they land; the others (keys a
+	// node that has just joined does not own: the sender's view differs)
+	// go on as any forwarded op, to be relayed there if need be.
+	var groups [2]struct {
+		idx []int
+		ops []bucket.Op
 	}
-	results := make([]bucket.Result, len(ops))
-	s.f.apply(ctx, now, ops, results, wait, true)
-	s.f.m.relayed.Add(float64(len(ops)))
+	for i, o := range req.GetOps() {
+		op := peerOpFromPB(o)
+		g := &groups[0]
+		if s.f.marksRelay == nil || s.f.marksRelay(op.Key) {
+			g = &groups[1]
+		}
+		g.idx = append(g.idx, i)
+		g.ops = append(g.ops, op)
+	}
+	results := make([]bucket.Result, len(req.GetOps()))
+	start := time.Now()
+	for mark, g := range groups {
+		if len(g.ops) == 0 {
+			continue
+		}
+		res := make([]bucket.Result, len(g.ops))
+		s.f.apply(ctx, now, g.ops, res, wait-time.Since(start), mark == 1)
+		for j, i := range g.idx {
+			results[i] = res[j]
+		}
+	}
+	s.f.m.relayed.Add(float64(len(results)))
 	out.Results = out.Results[:0]
 	for _, r := range results {
 		pr := new(peerpb.Result)

@@ -80,6 +80,7 @@ func (n *Node) resync(why string) {
 		}
 		why = "paused while syncing"
 	}
+	n.awaitView(time.Second)
 	n.setReady(true)
 	if n.pauseGen.Load() != gen {
 		// Paused between the check and setReady, which let Decide in
@@ -198,14 +199,22 @@ func (n *Node) beginJoinRelay() bool {
 	}
 	n.viewMu.Lock()
 	settled := make(map[string]bool)
+	draining := false
 	for _, m := range n.alive {
 		if m.ID != n.self && m.Ready && !m.Relaying && !m.Draining {
 			settled[m.ID] = true
 		}
+		draining = draining || m.Draining
 	}
-	if len(settled) == 0 {
+	if len(settled) == 0 || draining {
+		// Nobody holds older counts; or a draining node relays its keys
+		// to this one, which must then decide them.
 		n.viewMu.Unlock()
 		return false
+	}
+	select {
+	case <-n.joinCut: // meant for an earlier relay
+	default:
 	}
 	n.joinGen++
 	gen := n.joinGen
@@ -238,6 +247,8 @@ func (n *Node) joinRelayLoop() {
 			t.Stop()
 			return
 		case <-t.C:
+		case <-n.joinCut:
+			t.Stop()
 		}
 		n.endJoinRelay(gen)
 	}
@@ -269,4 +280,50 @@ func (n *Node) endJoinRelay(gen uint64) {
 	}
 	n.rebuildLocked()
 	n.log.Info("cluster: deciding own keys; relayed to their previous owners since going ready", "for", n.joinRelay)
+}
+
+// marksRelay tells the peer server which relayed ops to mark relayed
+// (Forwarder.marksRelay): all while this node drains; in its join relay,
+// those for the keys its ring gives it, which go to their previous owners.
+// An op for another key, sent here by a peer whose view differs, goes on
+// unmarked to the key's owner, which relays it in turn if it has just
+// joined too, rather than applying it beside that relay.
+func (n *Node) marksRelay(key []byte) bool {
+	if n.draining.Load() {
+		return true
+	}
+	id, ok := n.view.Load().ring.Owner(key)
+	return ok && id == n.self
+}
+
+// awaitView waits, at most d, until the view this node builds its ring from
+// (onChange's, which the membership delivers after a short settle delay)
+// has every ready peer the membership knows: a node that goes ready before
+// then would put only itself in its ring, and find no settled peer to relay
+// to.
+func (n *Node) awaitView(d time.Duration) {
+	deadline := time.Now().Add(d)
+	for {
+		want := map[string]bool{}
+		for _, m := range n.m.Alive() {
+			if m.ID != n.self && m.Ready {
+				want[m.ID] = true
+			}
+		}
+		n.viewMu.Lock()
+		for _, m := range n.alive {
+			if m.Ready {
+				delete(want, m.ID)
+			}
+		}
+		n.viewMu.Unlock()
+		if len(want) == 0 || time.Now().After(deadline) {
+			return
+		}
+		select {
+		case <-n.ctx.Done():
+			return
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
 }
