@@ -142,9 +142,9 @@ func (n *Node) Drain(ctx context.Context) error {
 // ships the writes made since the push. Until the push is done it keeps
 // deciding its keys (unless it is re-syncing after a freeze).
 func (n *Node) handOff(ctx context.Context) error {
-	// Joining nodes that relay leave a draining member out of where they
-	// relay to (view.relayTo), as this node leaves them out of its own:
-	// both then send a key to the same settled owner.
+	// A joining node that relays ends its relay when it sees the drain
+	// (Node.joinCut): from then on it decides its keys, and this node
+	// relays and pushes them to it.
 	if err := n.m.SetDraining(); err != nil {
 		n.log.Debug("cluster: drain: gossiping the drain", "err", err)
 	}

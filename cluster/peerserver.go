@@ -230,12 +230,13 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 	return nil
 }
 
-// relay decides a batch at the keys' owners on the ring without this
-// leaving node (Forwarder.relaying), within the sender's deadline: a peer
-// that has not yet seen this node leave sends it ops for its keys, and the
-// new owner, which already holds their counts (Node.Drain pushed them),
-// decides them there rather than on a second counter here. A leaving node
-// relays only while it drains, so this path allocates freely.
+// relay decides a batch where Node.placement puts its keys, within the
+// sender's deadline, rather than here. A leaving node (Forwarder.relaying)
+// is sent ops by peers that have not yet seen it leave, and relays them to
+// the keys' new owners, which hold their counts (Node.Drain pushed them). A
+// node in its join relay relays the ops for its keys to their previous
+// owners. Relays happen only around membership changes, so this path
+// allocates freely.
 func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideRequest, out *peerpb.DecideResponse) error {
 	// Half of what the sender left, so that the answer is back before it
 	// gives up even with some clock skew between the two (its deadline is
@@ -262,7 +263,8 @@ func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideReq
 	}
 	results := make([]bucket.Result, len(req.GetOps()))
 	start := time.Now()
-	for mark, g := range groups {
+	for _, mark := range []int{1, 0} { // this node's keys first
+		g := groups[mark]
 		if len(g.ops) == 0 {
 			continue
 		}

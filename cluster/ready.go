@@ -248,7 +248,12 @@ func (n *Node) joinRelayLoop() {
 			return
 		case <-t.C:
 		case <-n.joinCut:
+			// A member drains: end the relay now, whichever it is
+			// (a pause re-sync may have begun a later one).
 			t.Stop()
+			n.viewMu.Lock()
+			gen = n.joinGen
+			n.viewMu.Unlock()
 		}
 		n.endJoinRelay(gen)
 	}
