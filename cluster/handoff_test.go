@@ -396,3 +396,23 @@ func nodeJoinRelayCluster(t *testing.T, settled, joining []string) (nodes, joine
 	}
 	return nodes, joiners
 }
+
+// TestNodeDrainCutsLaterJoinRelay: a drain ends the join relay that is
+// current, also when a pause re-sync began it while the loop still waited
+// out an earlier one.
+func TestNodeDrainCutsLaterJoinRelay(t *testing.T) {
+	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
+	c := joiners[0]
+	// A second relay begins, as setReady(true) after a pause re-sync
+	// would begin it: the loop is still waiting on the first's timer.
+	c.node.readyMu.Lock()
+	again := c.node.beginJoinRelay()
+	c.node.readyMu.Unlock()
+	if !again {
+		t.Fatal("the second join relay did not begin")
+	}
+	if err := nodes[1].node.m.SetDraining(); err != nil {
+		t.Fatal(err)
+	}
+	mshipWaitFor(t, mshipQuick, "the drain to end c's relay", func() bool { return !c.node.fwd.relaying.Load() })
+}
