@@ -261,8 +261,8 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 }
 
 // apply is Apply with the forwarded ops' wait given; relayed marks them as
-// relayed by a leaving node (peerpb.DecideRequest.Relayed), so that their
-// owner applies them even if it is leaving too.
+// relayed (peerpb.DecideRequest.Relayed), so that their receiver applies
+// them even if it relays too.
 func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, wait time.Duration, relayed bool) {
 	results = results[:len(ops)]
 	var (
@@ -691,8 +691,9 @@ type fwdItem struct {
 	index int // in the caller's ops
 	// deadline is the request's deadline (Unix ns, entry node's clock).
 	deadline int64
-	// relayed is set for an op a leaving node relays for a peer; a batch
-	// holds only relayed items or only others (see peerClient.sendLoop).
+	// relayed is set for an op a relaying node (it leaves, or has just
+	// joined) relays for a peer; a batch holds only relayed items or only
+	// others (see peerClient.sendLoop).
 	relayed bool
 	key     []byte
 	op      bucket.Op // op.Key aliases key

@@ -355,7 +355,7 @@ func (n *Node) rebuildLocked() {
 		case m.Ready:
 			ids = append(ids, m.ID)
 			others = append(others, m.ID)
-			if joinRelaying && !m.Relaying && !m.Draining && n.joinSettled[m.ID] {
+			if joinRelaying && settledPeer(m) && n.joinSettled[m.ID] {
 				settled = append(settled, m.ID)
 			}
 			if m.Draining {

@@ -248,32 +248,34 @@ func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideReq
 	// Ops marked relayed are applied where they land; the others (keys a
 	// node that has just joined does not own: the sender's view differs)
 	// go on as any forwarded op, to be relayed there if need be.
-	var groups [2]struct {
-		idx []int
+	type group struct {
+		idx []int // in the batch
 		ops []bucket.Op
 	}
+	var marked, unmarked group
 	for i, o := range req.GetOps() {
 		op := peerOpFromPB(o)
-		g := &groups[0]
+		g := &unmarked
 		if s.f.marksRelay == nil || s.f.marksRelay(op.Key) {
-			g = &groups[1]
+			g = &marked
 		}
 		g.idx = append(g.idx, i)
 		g.ops = append(g.ops, op)
 	}
 	results := make([]bucket.Result, len(req.GetOps()))
 	start := time.Now()
-	for _, mark := range []int{1, 0} { // this node's keys first
-		g := groups[mark]
+	send := func(g group, relayed bool) {
 		if len(g.ops) == 0 {
-			continue
+			return
 		}
 		res := make([]bucket.Result, len(g.ops))
-		s.f.apply(ctx, now, g.ops, res, wait-time.Since(start), mark == 1)
+		s.f.apply(ctx, now, g.ops, res, wait-time.Since(start), relayed)
 		for j, i := range g.idx {
 			results[i] = res[j]
 		}
 	}
+	send(marked, true) // this node's keys first
+	send(unmarked, false)
 	s.f.m.relayed.Add(float64(len(results)))
 	out.Results = out.Results[:0]
 	for _, r := range results {

@@ -201,7 +201,7 @@ func (n *Node) beginJoinRelay() bool {
 	settled := make(map[string]bool)
 	draining := false
 	for _, m := range n.alive {
-		if m.ID != n.self && m.Ready && !m.Relaying && !m.Draining {
+		if m.ID != n.self && settledPeer(m) {
 			settled[m.ID] = true
 		}
 		draining = draining || m.Draining
@@ -229,6 +229,10 @@ func (n *Node) beginJoinRelay() bool {
 	n.joinKick <- gen
 	return true
 }
+
+// settledPeer reports whether m is where a join relay may send a key: a
+// ready member that neither relays itself nor drains.
+func settledPeer(m Member) bool { return m.Ready && !m.Relaying && !m.Draining }
 
 // joinRelayLoop ends each join relay JoinRelay after it began. It returns
 // when the node closes.
