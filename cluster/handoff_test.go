@@ -243,7 +243,7 @@ func TestNodeJoiningNodeRelays(t *testing.T) {
 	c.node.viewMu.Lock()
 	gen := c.node.joinGen
 	c.node.viewMu.Unlock()
-	c.node.endJoinRelay(gen)
+	c.node.endJoinRelay(gen, false)
 	for i, via := range []string{"a", "b", "c"} {
 		want := uint64(len(vias) + i + 1)
 		if r := hit(i, via); r.Count != want {
@@ -288,7 +288,7 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 	c.node.viewMu.Lock()
 	gen := c.node.joinGen
 	c.node.viewMu.Unlock()
-	c.node.endJoinRelay(gen)
+	c.node.endJoinRelay(gen, false)
 	for i, via := range []*nodeTestNode{d, c, nodes[0], d, nodes[1]} {
 		want := uint64(7 + i)
 		if r := nodeHit(t, via, key, 1); r.Count != want || nodeCount(c, key) != want {

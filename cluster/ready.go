@@ -258,15 +258,21 @@ func (n *Node) joinRelayLoop() {
 			n.viewMu.Lock()
 			gen = n.joinGen
 			n.viewMu.Unlock()
+			n.endJoinRelay(gen, true)
+			continue
 		}
-		n.endJoinRelay(gen)
+		n.endJoinRelay(gen, false)
 	}
 }
 
 // endJoinRelay ends join relay gen unless a later one began: from then on
 // this node decides the keys it owns, from the counts their previous owners
-// replicated to it. A draining node goes on relaying.
-func (n *Node) endJoinRelay(gen uint64) {
+// replicated to it. A draining node goes on relaying. At the relay's end
+// peers learn first, so that one relaying itself sends this node's keys
+// here from then on (it applies relayed ops) rather than to their previous
+// owners. A cut (a member drains) switches first: the draining member is
+// already out of the ring this node relays to, and relays to this node.
+func (n *Node) endJoinRelay(gen uint64, cut bool) {
 	n.readyMu.Lock()
 	defer n.readyMu.Unlock()
 	n.viewMu.Lock()
@@ -275,20 +281,27 @@ func (n *Node) endJoinRelay(gen uint64) {
 	if !current {
 		return
 	}
-	// Peers learn first, so that one relaying itself sends this node's
-	// keys here from then on (it applies relayed ops) rather than to their
-	// previous owners.
-	if err := n.m.SetReady(n.ready.Load(), false); err != nil {
-		n.log.Debug("cluster: gossiping the end of the join relay", "err", err)
+	if !cut {
+		n.gossipRelayEnd()
 	}
 	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
 	n.joinRelaying.Store(false)
 	if !n.draining.Load() {
 		n.fwd.relaying.Store(false)
 	}
 	n.rebuildLocked()
-	n.log.Info("cluster: deciding own keys; relayed to their previous owners since going ready", "for", n.joinRelay)
+	n.viewMu.Unlock()
+	n.log.Info("cluster: deciding own keys; relayed to their previous owners since going ready", "for", n.joinRelay, "cut", cut)
+	if cut {
+		n.gossipRelayEnd()
+	}
+}
+
+// gossipRelayEnd tells the peers this node no longer relays.
+func (n *Node) gossipRelayEnd() {
+	if err := n.m.SetReady(n.ready.Load(), false); err != nil {
+		n.log.Debug("cluster: gossiping the end of the join relay", "err", err)
+	}
 }
 
 // marksRelay tells the peer server which relayed ops to mark relayed
