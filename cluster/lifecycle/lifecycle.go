@@ -1,0 +1,497 @@
+// Package lifecycle is a ringlimit node's life as a pure state machine.
+//
+// Step takes a State, an Event and the time and returns the next State and
+// the Actions to carry out. It starts no goroutine, reads no clock and does
+// no I/O: the node's executor (package cluster) turns actions into gossip,
+// rings, syncs and pushes, and turns what happens (membership changes,
+// finished syncs, timers, a detected pause, a drain) into events. Each
+// State names where an op for a key goes (Route, Rings), so "where does this
+// op go" is one function of the state.
+//
+// A State is a value; Step never modifies the one it is given. Nothing here
+// is safe for concurrent use: one goroutine steps a node's machine.
+package lifecycle
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Phase is where a node is in its life.
+type Phase uint8
+
+// The phases, in the order a node usually goes through them.
+const (
+	// Joining: started, not yet in touch with any peer. Not in any ring.
+	Joining Phase = iota
+	// Syncing: joined; pulling the counters it will hold from its ready
+	// peers. Not in any ring; refuses Decide.
+	Syncing
+	// Relaying: ready and in its own ring, for a while (Config.JoinRelay)
+	// it relays the ops for its keys to their previous owners, while its
+	// readiness spreads to its peers one by one; those owners replicate to
+	// it.
+	Relaying
+	// Serving: ready; decides its keys.
+	Serving
+	// Resyncing: found it was frozen; out of the rings, refusing Decide,
+	// pulling its counters again.
+	Resyncing
+	// Draining: asked to stop; gossips it, then pushes every counter to
+	// its holders on the ring without it. Still decides its keys.
+	Draining
+	// Leaving: counters pushed; relays every op it is sent to the key's
+	// new owner and announces its leave.
+	Leaving
+	// Left: the leave is announced (or the node refused to serve); it
+	// still relays until it is closed.
+	Left
+	numPhases
+)
+
+var phaseNames = [numPhases]string{"joining", "syncing", "relaying", "serving", "resyncing", "draining", "leaving", "left"}
+
+func (p Phase) String() string {
+	if p < numPhases {
+		return phaseNames[p]
+	}
+	return "phase(" + strconv.Itoa(int(p)) + ")"
+}
+
+// Flags are what a node gossips about itself.
+type Flags struct {
+	Ready    bool // synced: peers put it in their rings
+	Relaying bool // ready, and still relays its keys to their previous owners
+	Draining bool // handing its counters off before it leaves
+}
+
+// Member is a live peer as this node's membership reports it.
+type Member struct {
+	ID string
+	Flags
+}
+
+// settled reports whether m may take a joining node's relayed ops: ready,
+// neither relaying itself nor draining.
+func (m Member) settled() bool { return m.Ready && !m.Relaying && !m.Draining }
+
+// Config is what a node's machine needs to know of its settings.
+type Config struct {
+	// Self is this node's ID.
+	Self string
+	// JoinRelay is how long a node that has just gone ready relays; 0 or
+	// less: never.
+	JoinRelay time.Duration
+	// Replicated reports that writes are replicated (Replicas > 1). A join
+	// relay needs it: the counts gathered at the previous owners reach the
+	// joining node by replication.
+	Replicated bool
+}
+
+// Relay says which ops a node relays rather than decides.
+type Relay uint8
+
+const (
+	// RelayNone: ops go to their owner on the ring; this node decides
+	// the ones it owns.
+	RelayNone Relay = iota
+	// RelayOwn: an op for a key this node owns on the ring goes to the
+	// key's owner on the relay ring (its previous owner); others go to
+	// their owner on the ring.
+	RelayOwn
+	// RelayAll: every op goes to its owner on the relay ring, which is
+	// the ring without this node.
+	RelayAll
+)
+
+// Route is how a node treats ops in its current state.
+type Route struct {
+	// Serve: its peer server answers Decide and Ping. A node that is not
+	// synced refuses them, and its callers decide elsewhere.
+	Serve bool
+	// InRing: it is a member of its own ring.
+	InRing bool
+	// Relay: which ops it relays (see Rings for where).
+	Relay Relay
+	// Departing: its writes replicate to the ring without it.
+	Departing bool
+}
+
+// State is one node's lifecycle state. The zero value is not usable: start
+// from New.
+type State struct {
+	cfg     Config
+	phase   Phase
+	since   time.Time // when phase began
+	members []Member  // live peers, sorted by ID, without this node
+
+	route Route
+	want  Flags // the flags last asked to be gossiped
+
+	syncGen  uint64   // the sync whose result is awaited
+	relayGen uint64   // the current (or last) join relay
+	relayTo  []string // the settled peers when the relay began, sorted
+	ending   bool     // the relay's end is being gossiped
+	pushing  bool     // the drain's push has started
+}
+
+// New returns the state of a node that has just started.
+func New(cfg Config, now time.Time) State {
+	return State{cfg: cfg, phase: Joining, since: now}
+}
+
+// Phase returns the current phase and when it began.
+func (s State) Phase() (Phase, time.Time) { return s.phase, s.since }
+
+// Route returns how the node treats ops now.
+func (s State) Route() Route { return s.route }
+
+// Members returns the live peers the state was last told of. The slice is
+// shared: do not modify it.
+func (s State) Members() []Member { return s.members }
+
+// Rings returns the member IDs of the three rings the node routes by, each
+// sorted: ring, where keys are owned (the ready peers, and this node when
+// Route().InRing); targets, where this node's writes replicate (ring, less
+// this node while it departs); and relay, where relayed ops go (RelayAll:
+// targets; RelayOwn: the peers that were settled when the join relay began
+// and still are, or ring if none is; RelayNone: ring).
+func (s State) Rings() (ring, targets, relay []string) {
+	for _, m := range s.members {
+		if m.Ready {
+			ring = append(ring, m.ID)
+		}
+	}
+	others := ring
+	if s.route.InRing {
+		ring = insertSorted(slices.Clone(ring), s.cfg.Self)
+	}
+	targets = ring
+	if s.route.Departing {
+		targets = others
+	}
+	relay = ring
+	switch s.route.Relay {
+	case RelayAll:
+		relay = targets
+	case RelayOwn:
+		var still []string
+		for _, m := range s.members {
+			if m.settled() && contains(s.relayTo, m.ID) {
+				still = append(still, m.ID)
+			}
+		}
+		if len(still) > 0 {
+			relay = still
+		}
+	}
+	return ring, targets, relay
+}
+
+// EventKind says what happened.
+type EventKind uint8
+
+const (
+	// MembersChanged: the live peers or their flags changed
+	// (Event.Members).
+	MembersChanged EventKind = iota
+	// Joined: the membership reached a peer, or was reached.
+	Joined
+	// Synced: the sync Event.Gen finished.
+	Synced
+	// Paused: the node found it was frozen.
+	Paused
+	// RelayTimer: join relay Event.Gen has lasted Config.JoinRelay.
+	RelayTimer
+	// Announced: the membership gossiped Event.Flags.
+	Announced
+	// DrainRequested: the node is asked to stop.
+	DrainRequested
+	// Pushed: the drain's push finished.
+	Pushed
+	// LeaveDone: the leave has been announced.
+	LeaveDone
+	// Conflict: another live process holds this node's identity.
+	Conflict
+	numEvents
+)
+
+var eventNames = [numEvents]string{"members-changed", "joined", "synced", "paused", "relay-timer", "announced", "drain-requested", "pushed", "leave-done", "conflict"}
+
+func (k EventKind) String() string {
+	if k < numEvents {
+		return eventNames[k]
+	}
+	return "event?"
+}
+
+// Event is something that happened to a node.
+type Event struct {
+	Kind    EventKind
+	Members []Member // MembersChanged: every live member, any order (this node is skipped)
+	Gen     uint64   // Synced, RelayTimer
+	Flags   Flags    // Announced
+}
+
+// ActionKind says what to do.
+type ActionKind uint8
+
+const (
+	// Publish: rebuild the rings from Rings and publish them with Route.
+	Publish ActionKind = iota
+	// Announce: gossip Action.Flags, then report Announced with them.
+	Announce
+	// StartSync: pull counters from the ready peers, check that no other
+	// live process holds this identity, then report Synced (or Conflict)
+	// with Action.Gen.
+	StartSync
+	// Forgive: the failures peers showed so far were this node's freeze.
+	Forgive
+	// StartTimer: report RelayTimer with Action.Gen after Action.After.
+	StartTimer
+	// PushAll: push every counter to its holders on targets, ship the
+	// writes recorded meanwhile, then report Pushed.
+	PushAll
+	// Leave: announce a graceful leave, ship the last writes, then report
+	// LeaveDone.
+	Leave
+	// Fail: the node must not serve (Conflict): stop the process with an
+	// error.
+	Fail
+	numActions
+)
+
+var actionNames = [numActions]string{"publish", "announce", "start-sync", "forgive", "start-timer", "push-all", "leave", "fail"}
+
+func (k ActionKind) String() string {
+	if k < numActions {
+		return actionNames[k]
+	}
+	return "action?"
+}
+
+// Action is one thing the executor must do, in order.
+type Action struct {
+	Kind  ActionKind
+	Flags Flags         // Announce
+	Gen   uint64        // StartSync, StartTimer
+	After time.Duration // StartTimer
+}
+
+// Step returns the state after ev at now and what to do about it. Events
+// that do not apply in the current phase (a stale sync or timer, a second
+// drain) change nothing.
+func Step(s State, ev Event, now time.Time) (State, []Action) {
+	var acts []Action
+	if ev.Kind == MembersChanged {
+		s.members = peers(ev.Members, s.cfg.Self)
+		acts = append(acts, Action{Kind: Publish})
+		if s.phase == Relaying && s.someDraining() {
+			// A draining peer relays its keys here and pushes them here:
+			// this node decides its keys from now on, at once, so that
+			// the two do not relay a key to each other.
+			return s.stopRelay(now, acts)
+		}
+		return s, acts
+	}
+	switch s.phase {
+	case Joining:
+		switch ev.Kind {
+		case Joined:
+			return s.startSync(Syncing, now, acts)
+		case Paused:
+			return s, append(acts, Action{Kind: Forgive})
+		case DrainRequested:
+			return s.drain(now)
+		}
+	case Syncing, Resyncing:
+		switch ev.Kind {
+		case Synced:
+			if ev.Gen == s.syncGen {
+				return s.goReady(now)
+			}
+		case Paused:
+			// What was synced may be stale already: sync again.
+			return s.startSync(Resyncing, now, append(acts, Action{Kind: Forgive}))
+		case DrainRequested:
+			return s.drain(now)
+		case Conflict:
+			if ev.Gen == s.syncGen {
+				return s.refuse(now)
+			}
+		}
+	case Relaying:
+		switch ev.Kind {
+		case RelayTimer:
+			if ev.Gen == s.relayGen && !s.ending {
+				// Peers learn first, then this node switches: a peer that
+				// relays itself then sends this node's keys here.
+				s.ending = true
+				return s, s.announce(Flags{Ready: true}, acts)
+			}
+		case Announced:
+			if s.ending && ev.Flags == s.want {
+				return s.stopRelay(now, acts)
+			}
+		case Paused:
+			return s.resync(now)
+		case DrainRequested:
+			return s.drain(now)
+		}
+	case Serving:
+		switch ev.Kind {
+		case Announced:
+			if !s.route.InRing && ev.Flags == s.want {
+				// Peers have it in their rings about now: so does it.
+				s.route.InRing = true
+				return s, append(acts, Action{Kind: Publish})
+			}
+		case Paused:
+			return s.resync(now)
+		case DrainRequested:
+			return s.drain(now)
+		}
+	case Draining:
+		switch ev.Kind {
+		case Announced:
+			if !s.pushing && ev.Flags == s.want {
+				s.pushing = true
+				return s, append(acts, Action{Kind: PushAll})
+			}
+		case Pushed:
+			// The new owners hold this node's counts: they decide its
+			// keys from now on, and it relays what it is still sent.
+			s.phase, s.since = Leaving, now
+			s.route.Relay = RelayAll
+			return s, append(acts, Action{Kind: Publish}, Action{Kind: Leave})
+		}
+	case Leaving:
+		if ev.Kind == LeaveDone {
+			s.phase, s.since = Left, now
+		}
+	}
+	return s, acts
+}
+
+// startSync enters phase p (Syncing or Resyncing) with a new sync.
+func (s State) startSync(p Phase, now time.Time, acts []Action) (State, []Action) {
+	s.phase, s.since = p, now
+	s.syncGen++
+	return s, append(acts, Action{Kind: StartSync, Gen: s.syncGen})
+}
+
+// goReady ends a sync. With settled peers to relay to, the node puts itself
+// in its own ring at once and relays its keys' ops to their previous owners
+// while its readiness spreads; without, it answers Decide, gossips its
+// readiness and enters its own ring once that is gossiped.
+func (s State) goReady(now time.Time) (State, []Action) {
+	s.route.Serve = true
+	if to := s.settled(); s.cfg.JoinRelay > 0 && s.cfg.Replicated && len(to) > 0 && !s.someDraining() {
+		s.phase, s.since = Relaying, now
+		s.relayGen++
+		s.relayTo, s.ending = to, false
+		s.route.InRing, s.route.Relay = true, RelayOwn
+		acts := []Action{{Kind: Publish}}
+		acts = s.announce(Flags{Ready: true, Relaying: true}, acts)
+		acts = append(acts, Action{Kind: StartTimer, Gen: s.relayGen, After: s.cfg.JoinRelay})
+		return s, acts
+	}
+	s.phase, s.since = Serving, now
+	return s, s.announce(Flags{Ready: true}, []Action{{Kind: Publish}})
+}
+
+// stopRelay ends the join relay: the node decides its keys. A relay cut
+// short (a peer drains) tells its peers afterwards.
+func (s State) stopRelay(now time.Time, acts []Action) (State, []Action) {
+	s.phase, s.since = Serving, now
+	s.route.Relay, s.relayTo, s.ending = RelayNone, nil, false
+	acts = append(acts, Action{Kind: Publish})
+	if s.want.Relaying {
+		acts = s.announce(Flags{Ready: true}, acts)
+	}
+	return s, acts
+}
+
+// resync takes a ready node that was frozen out of the rings: it refuses
+// Decide and leaves its own ring before it gossips that it is not ready,
+// then syncs again.
+func (s State) resync(now time.Time) (State, []Action) {
+	s.route = Route{}
+	s.relayTo, s.ending = nil, false
+	acts := []Action{{Kind: Forgive}, {Kind: Publish}}
+	acts = s.announce(Flags{}, acts)
+	return s.startSync(Resyncing, now, acts)
+}
+
+// drain starts a graceful stop from any phase before it. The node keeps
+// deciding (or refusing) as it did; a join relay in progress becomes a
+// relay of every op. Its writes replicate to the ring without it from now
+// on, and the push starts once the drain is gossiped: a joining peer that
+// sees it stops relaying to this node before this node relays to it.
+func (s State) drain(now time.Time) (State, []Action) {
+	s.phase, s.since = Draining, now
+	if s.route.Relay == RelayOwn {
+		s.route.Relay = RelayAll
+	}
+	s.route.Departing = true
+	s.relayTo, s.ending = nil, false
+	w := s.want
+	w.Relaying, w.Draining = false, true
+	return s, s.announce(w, []Action{{Kind: Publish}})
+}
+
+// refuse stops a node that found its identity held by another live
+// process: it never goes ready, leaves, and fails.
+func (s State) refuse(now time.Time) (State, []Action) {
+	s.phase, s.since = Left, now
+	s.route = Route{}
+	return s, []Action{{Kind: Publish}, {Kind: Leave}, {Kind: Fail}}
+}
+
+// announce asks for f to be gossiped.
+func (s *State) announce(f Flags, acts []Action) []Action {
+	s.want = f
+	return append(acts, Action{Kind: Announce, Flags: f})
+}
+
+// settled returns the IDs of the settled peers, sorted.
+func (s State) settled() []string {
+	var ids []string
+	for _, m := range s.members {
+		if m.settled() {
+			ids = append(ids, m.ID)
+		}
+	}
+	return ids
+}
+
+func (s State) someDraining() bool {
+	return slices.ContainsFunc(s.members, func(m Member) bool { return m.Draining })
+}
+
+// peers copies ms without self, sorted by ID.
+func peers(ms []Member, self string) []Member {
+	out := make([]Member, 0, len(ms))
+	for _, m := range ms {
+		if m.ID != self {
+			out = append(out, m)
+		}
+	}
+	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
+	return out
+}
+
+func contains(sorted []string, id string) bool {
+	_, ok := slices.BinarySearch(sorted, id)
+	return ok
+}
+
+func insertSorted(ids []string, id string) []string {
+	i, ok := slices.BinarySearch(ids, id)
+	if ok {
+		return ids
+	}
+	return slices.Insert(ids, i, id)
+}
