@@ -1,10 +1,11 @@
 package simnet_test
 
 import (
+	"bytes"
 	"fmt"
-	"io"
 	"net"
 	"strconv"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -16,12 +17,20 @@ import (
 
 const gossipPort = 7946
 
+// convergeLimit bounds a wait for gossip to converge. Usually it takes well
+// under a second, but now and then (about 1 in 200 five-node joins) one
+// node misses every retransmission of a new member's alive broadcast and
+// learns of it only at its first push/pull, 30 to 60 s in (LAN
+// PushPullInterval plus a random stagger).
+const convergeLimit = 70 * time.Second
+
 // mlCluster is a set of memberlist nodes on one simulated network.
 type mlCluster struct {
 	t     testing.TB
 	net   *simnet.Network
 	ips   []string
 	lists []*memberlist.Memberlist
+	logs  syncBuffer
 }
 
 // newMLCluster starts size memberlist nodes (LAN config) on 10.0.0.1...;
@@ -47,7 +56,7 @@ func (c *mlCluster) start(ip string, incarnation int) *memberlist.Memberlist {
 	cfg := memberlist.DefaultLANConfig()
 	cfg.Name = ip + "/" + strconv.Itoa(incarnation)
 	cfg.Transport = tr
-	cfg.LogOutput = io.Discard
+	cfg.LogOutput = &c.logs
 	list, err := memberlist.Create(cfg)
 	if err != nil {
 		c.t.Fatal(err)
@@ -86,6 +95,15 @@ func (c *mlCluster) waitMembers(idx []int, want int, limit time.Duration) time.D
 			for _, i := range idx {
 				got = append(got, c.lists[i].NumMembers())
 			}
+			for _, i := range idx {
+				var names []string
+				for _, m := range c.lists[i].Members() {
+					names = append(names, fmt.Sprintf("%s/%d", m.Name, m.State))
+				}
+				c.t.Logf("node %d sees %v", i, names)
+			}
+			c.t.Logf("stats %+v", c.net.Stats())
+			c.t.Logf("log:\n%s", c.logs.String())
 			c.t.Fatalf("after %v: members %v, want %d each", limit, got, want)
 		}
 		time.Sleep(100 * time.Millisecond)
@@ -117,7 +135,7 @@ func TestMemberlistConverges(t *testing.T) {
 		defer c.stop()
 		start := time.Now()
 		c.joinAll()
-		c.waitMembers(all(5), 5, 30*time.Second)
+		c.waitMembers(all(5), 5, convergeLimit)
 		t.Logf("5 nodes converged in %v of virtual time", time.Since(start))
 	})
 }
@@ -128,7 +146,7 @@ func TestMemberlistDetectsCrash(t *testing.T) {
 		c := newMLCluster(t, n, 5)
 		defer c.stop()
 		c.joinAll()
-		c.waitMembers(all(5), 5, 30*time.Second)
+		c.waitMembers(all(5), 5, convergeLimit)
 
 		must(t, n.Crash(c.ips[4]))
 		// LAN: ProbeInterval 1 s, suspicion 4 x 1 s x max(1, log10 5).
@@ -143,18 +161,38 @@ func TestMemberlistPartitionAndHeal(t *testing.T) {
 		c := newMLCluster(t, n, 5)
 		defer c.stop()
 		c.joinAll()
-		c.waitMembers(all(5), 5, 30*time.Second)
+		c.waitMembers(all(5), 5, convergeLimit)
 
+		// The smaller side gets few confirmations of its suspicions, so
+		// they run close to the longest timeout (6 x 4 s), and failing
+		// probes lower its awareness and slow its probing: 17-36 s here.
 		must(t, n.Partition(c.ips[:2], c.ips[2:]))
-		d1 := c.waitMembers([]int{0, 1}, 2, 30*time.Second)
-		d2 := c.waitMembers([]int{2, 3, 4}, 3, 30*time.Second)
+		d1 := c.waitMembers([]int{0, 1}, 2, 60*time.Second)
+		d2 := c.waitMembers([]int{2, 3, 4}, 3, 60*time.Second)
 		t.Logf("partition seen: {a,b} after %v, {c,d,e} %v later", d1, d2)
 
 		n.Heal()
 		if _, err := c.lists[0].Join([]string{addr(c.ips[2])}); err != nil {
 			t.Fatal(err)
 		}
-		d := c.waitMembers(all(5), 5, 30*time.Second)
+		d := c.waitMembers(all(5), 5, convergeLimit)
 		t.Logf("one cluster again %v after heal and re-join", d)
 	})
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
 }
