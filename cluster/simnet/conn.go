@@ -33,9 +33,11 @@ type Conn struct {
 
 // pipe is one direction of a connection.
 type pipe struct {
-	src, dst *Host
-	latency  time.Duration
-	capacity int
+	src, dst         *Host
+	srcAddr, dstAddr string // "ip:port", to order its events
+	latency          time.Duration
+	capacity         int
+	writes           uint64 // segments queued; guarded by the network's mu
 
 	mu           sync.Mutex
 	pending      []segment // written, not yet arrived
@@ -58,19 +60,20 @@ type segment struct {
 // newConnLocked connects port aport on a with port bport on b and returns
 // a's end and b's end.
 func (n *Network) newConnLocked(a *Host, aport int, b *Host, bport int) (*Conn, *Conn) {
-	ab := n.newPipeLocked(a, b)
-	ba := n.newPipeLocked(b, a)
-	ca := &Conn{n: n, local: a.tcpAddr(aport), remote: b.tcpAddr(bport), rd: ba, wr: ab,
-		readDL: newDeadline(), writeDL: newDeadline()}
-	cb := &Conn{n: n, local: b.tcpAddr(bport), remote: a.tcpAddr(aport), rd: ab, wr: ba,
-		readDL: newDeadline(), writeDL: newDeadline()}
+	aa, ba := a.tcpAddr(aport), b.tcpAddr(bport)
+	ab := n.newPipeLocked(a, aa, b, ba)
+	bb := n.newPipeLocked(b, ba, a, aa)
+	ca := &Conn{n: n, local: aa, remote: ba, rd: bb, wr: ab, readDL: newDeadline(), writeDL: newDeadline()}
+	cb := &Conn{n: n, local: ba, remote: aa, rd: ab, wr: bb, readDL: newDeadline(), writeDL: newDeadline()}
 	return ca, cb
 }
 
-func (n *Network) newPipeLocked(src, dst *Host) *pipe {
+func (n *Network) newPipeLocked(src *Host, srcAddr *net.TCPAddr, dst *Host, dstAddr *net.TCPAddr) *pipe {
 	p := &pipe{
 		src:      src,
 		dst:      dst,
+		srcAddr:  srcAddr.String(),
+		dstAddr:  dstAddr.String(),
 		latency:  n.cfg.StreamLatency,
 		capacity: n.cfg.StreamBuffer,
 		wake:     make(chan struct{}),
@@ -152,7 +155,9 @@ func (c *Conn) Write(b []byte) (int, error) {
 			b = b[k:]
 			written += k
 			p.mu.Unlock()
-			c.n.schedule(p)
+			c.n.mu.Lock()
+			c.n.scheduleLocked(p)
+			c.n.mu.Unlock()
 			continue
 		}
 		w := p.wake
@@ -253,21 +258,15 @@ func (p *pipe) broadcastLocked() {
 	p.wake = make(chan struct{})
 }
 
-// schedule makes the segment just queued on p arrive after its latency.
-func (n *Network) schedule(p *pipe) {
-	if p.latency > 0 {
-		time.AfterFunc(p.latency, func() { n.advance(p) })
-		return
-	}
-	n.advance(p)
-}
-
+// scheduleLocked makes the segment just queued on p arrive after its
+// latency.
 func (n *Network) scheduleLocked(p *pipe) {
-	if p.latency > 0 {
-		time.AfterFunc(p.latency, func() { n.advance(p) })
+	if p.latency == 0 {
+		n.advanceLocked(p)
 		return
 	}
-	n.advanceLocked(p)
+	p.writes++
+	n.pushLocked(&event{at: time.Now().Add(p.latency), src: p.srcAddr, dst: p.dstAddr, seq: p.writes, p: p})
 }
 
 func (n *Network) advance(p *pipe) {

@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/netip"
 	"sync"
+	"time"
 )
 
 // Network is a simulated network of hosts. Create it with New; stop it with
@@ -26,6 +27,8 @@ type Network struct {
 	links   map[[2]string]*link // packet links, [from addr, to addr]
 	pipes   map[*pipe]struct{}  // stream directions that may still deliver
 	changed chan struct{}       // closed and replaced on every fault change
+	queue   eventHeap           // packets and stream segments in flight
+	timer   *time.Timer         // runs queue; nil until first needed
 	stats   Stats
 }
 
@@ -124,6 +127,7 @@ func (n *Network) Close() error {
 		p.reset()
 	}
 	clear(n.pipes)
+	n.stopQueueLocked()
 	n.changedLocked()
 	n.mu.Unlock()
 	for _, t := range ts {

@@ -12,6 +12,8 @@ type packet struct {
 	from    *Transport
 	dstIP   string
 	dstPort int
+	dst     string // "ip:port"
+	seq     uint64 // its place on the link from->dst
 	buf     []byte
 	delay   time.Duration
 	sent    bool // false while a frozen sender holds it
@@ -21,7 +23,7 @@ type packet struct {
 // ("ip:port" both): whether it is lost, and its delay. The draw depends on
 // the seed, the two addresses and how many packets that link has carried,
 // not on anything else that happens on the network.
-func (n *Network) decideLocked(src, dst string) (lost bool, delay time.Duration) {
+func (n *Network) decideLocked(src, dst string) (seq uint64, lost bool, delay time.Duration) {
 	k := [2]string{src, dst}
 	l := n.links[k]
 	if l == nil {
@@ -39,7 +41,7 @@ func (n *Network) decideLocked(src, dst string) (lost bool, delay time.Duration)
 	if span := n.cfg.PacketLatencyMax - n.cfg.PacketLatencyMin; span > 0 {
 		delay += time.Duration(r2 % (uint64(span) + 1))
 	}
-	return lost, delay
+	return l.seq, lost, delay
 }
 
 // sendLocked puts pk on the wire: it arrives after its delay.
@@ -49,11 +51,7 @@ func (n *Network) sendLocked(pk *packet) {
 		n.deliverLocked(pk)
 		return
 	}
-	time.AfterFunc(pk.delay, func() {
-		n.mu.Lock()
-		defer n.mu.Unlock()
-		n.deliverLocked(pk)
-	})
+	n.pushLocked(&event{at: time.Now().Add(pk.delay), src: pk.from.key, dst: pk.dst, seq: pk.seq, pk: pk})
 }
 
 // deliverLocked hands pk to its receiver's queue, or holds or drops it.

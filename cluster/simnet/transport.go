@@ -133,12 +133,13 @@ func (t *Transport) WriteToAddress(b []byte, a memberlist.Address) (time.Time, e
 		return time.Time{}, &net.OpError{Op: "write", Net: "udp", Source: t.from, Err: os.NewSyscallError("sendto", syscall.ENETDOWN)}
 	}
 	n.stats.PacketsSent++
-	lost, delay := n.decideLocked(t.key, net.JoinHostPort(ip, strconv.Itoa(port)))
+	dst := net.JoinHostPort(ip, strconv.Itoa(port))
+	seq, lost, delay := n.decideLocked(t.key, dst)
 	if lost {
 		n.stats.PacketsLost++
 		return now, nil
 	}
-	pk := &packet{src: t.h, from: t, dstIP: ip, dstPort: port, buf: slices.Clone(b), delay: delay}
+	pk := &packet{src: t.h, from: t, dstIP: ip, dstPort: port, dst: dst, seq: seq, buf: slices.Clone(b), delay: delay}
 	if t.h.frozen {
 		n.holdLocked(t.h, pk)
 		return now, nil
