@@ -33,8 +33,8 @@ type Network struct {
 }
 
 // Stats counts packets since New. PacketsSent counts WriteTo calls accepted
-// from a live transport; every packet sent ends up delivered, lost, cut,
-// overflowed or still held or in flight.
+// from a live transport; each of them is delivered, lost, cut, overflowed,
+// or held or in flight now.
 type Stats struct {
 	PacketsSent      int64
 	PacketsDelivered int64
@@ -42,6 +42,7 @@ type Stats struct {
 	PacketsCut       int64 // by a partition or cut, or a down, missing or shut-down receiver
 	PacketsOverflow  int64 // by a full receive queue, or a frozen host's full hold
 	PacketsHeld      int   // held now by frozen hosts
+	PacketsInFlight  int   // sent, not yet arrived
 }
 
 // link is the packet state of one direction between two addresses.
@@ -104,6 +105,11 @@ func (n *Network) Stats() Stats {
 	s := n.stats
 	for _, h := range n.hosts {
 		s.PacketsHeld += len(h.held)
+	}
+	for _, ev := range n.queue {
+		if ev.pk != nil {
+			s.PacketsInFlight++
+		}
 	}
 	return s
 }
