@@ -20,8 +20,8 @@ import (
 // frozen host holds them: held bytes arrive when that ends, as TCP would
 // retransmit them. Close sends a FIN after the bytes written: the peer reads
 // them, then io.EOF; the peer's later writes fail with EPIPE. A crash of
-// either host resets the connection: every later call on either end fails
-// with ECONNRESET, and unread bytes are lost.
+// either host resets the connection: every later Read and Write on either
+// end fails with ECONNRESET, and unread bytes are lost.
 type Conn struct {
 	n             *Network
 	local, remote *net.TCPAddr
@@ -267,12 +267,6 @@ func (n *Network) scheduleLocked(p *pipe) {
 	}
 	p.writes++
 	n.pushLocked(&event{at: time.Now().Add(p.latency), src: p.srcAddr, dst: p.dstAddr, seq: p.writes, p: p})
-}
-
-func (n *Network) advance(p *pipe) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.advanceLocked(p)
 }
 
 // advanceLocked moves the segments that are due from pending to arrived, if

@@ -79,8 +79,14 @@ func (n *Network) fire() {
 	n.armLocked()
 }
 
-// stopQueueLocked discards every event and stops the timer.
+// stopQueueLocked discards every event, counting its packets as cut, and
+// stops the timer.
 func (n *Network) stopQueueLocked() {
+	for _, ev := range n.queue {
+		if ev.pk != nil {
+			n.stats.PacketsCut++
+		}
+	}
 	clear(n.queue)
 	n.queue = nil
 	if n.timer != nil {
