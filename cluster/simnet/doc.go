@@ -18,7 +18,8 @@
 // Random choices (a packet's loss and delay) come from the seed and from the
 // packet's place on its link: the n-th packet from one address to another
 // gets the same fate in every run with the same seed, whatever the other
-// goroutines do meanwhile.
+// goroutines do meanwhile. Packets and stream writes due at the same
+// instant arrive in a fixed order (by source, destination and sequence).
 //
 // A simulated crash cannot stop a node's goroutines: the caller still owns
 // them and stops them (memberlist.Shutdown, grpc.Server.Stop). A test ends
