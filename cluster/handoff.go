@@ -8,10 +8,9 @@ import (
 	"slices"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/ring"
@@ -145,9 +144,7 @@ func (n *Node) handOff(ctx context.Context) error {
 	// A joining node that relays ends its relay when it sees the drain
 	// (Node.joinCut): from then on it decides its keys, and this node
 	// relays and pushes them to it.
-	if err := n.m.SetDraining(); err != nil {
-		n.log.Debug("cluster: drain: gossiping the drain", "err", err)
-	}
+	n.gossipDraining()
 	n.draining.Store(true)
 	n.rebuild()
 	start := time.Now()
@@ -174,6 +171,19 @@ func (n *Node) handOff(ctx context.Context) error {
 		_ = n.repl.flush(ctx) // its undelivered writes are reported by the flush below
 	}
 	return pushErr
+}
+
+// gossipDraining adds the draining flag to what this node gossips. It holds
+// readyMu, as every change of the flags does, so that it keeps the ready
+// and relaying flags a concurrent change sets.
+func (n *Node) gossipDraining() {
+	n.readyMu.Lock()
+	defer n.readyMu.Unlock()
+	f := n.m.Flags()
+	f.Draining = true
+	if err := n.m.SetFlags(f); err != nil {
+		n.log.Debug("cluster: drain: gossiping the drain", "err", err)
+	}
 }
 
 // pusher sends entries to several peers in full batches, synchronously, as

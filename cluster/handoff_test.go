@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
 )
@@ -239,7 +241,7 @@ func TestNodeJoiningNodeRelays(t *testing.T) {
 	}
 	// The relay ends: c decides the key, from the count prev replicated to
 	// it (prev's ring has c as the key's owner).
-	mshipWaitFor(t, mshipQuick, "prev's count to reach c", func() bool { return nodeCount(c, key) == uint64(len(vias)) })
+	testkit.WaitFor(t, quick, "prev's count to reach c", func() bool { return nodeCount(c, key) == uint64(len(vias)) })
 	c.node.viewMu.Lock()
 	gen := c.node.joinGen
 	c.node.viewMu.Unlock()
@@ -284,7 +286,7 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 	}
 	// c's relay ends while d's goes on: c decides its key, from the count
 	// replicated to it, and d (which does not own the key) sends it there.
-	mshipWaitFor(t, mshipQuick, "the count to reach c", func() bool { return nodeCount(c, key) == 6 })
+	testkit.WaitFor(t, quick, "the count to reach c", func() bool { return nodeCount(c, key) == 6 })
 	c.node.viewMu.Lock()
 	gen := c.node.joinGen
 	c.node.viewMu.Unlock()
@@ -321,7 +323,7 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 	if err := b.node.handOff(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	mshipWaitFor(t, mshipQuick, "d to end its relay", func() bool { return !d.node.fwd.relaying.Load() })
+	testkit.WaitFor(t, quick, "d to end its relay", func() bool { return !d.node.fwd.relaying.Load() })
 	// d's Envoys, a peer that has not seen d (it sends the key to b, which
 	// relays it), a peer that has (to d), one that has seen b drain: all
 	// at d, from the count b pushed.
@@ -381,7 +383,7 @@ func nodeJoinRelayCluster(t *testing.T, settled, joining []string) (nodes, joine
 	}
 	ids := slices.Sorted(slices.Values(append(slices.Clone(settled), joining...)))
 	for _, n := range append(slices.Clone(nodes), joiners...) {
-		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v, seeing %v relay", n.id, ids, joining), func() bool {
+		testkit.WaitFor(t, detect, fmt.Sprintf("%s ready with ring %v, seeing %v relay", n.id, ids, joining), func() bool {
 			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) {
 				return false
 			}
@@ -411,8 +413,8 @@ func TestNodeDrainCutsLaterJoinRelay(t *testing.T) {
 	if !again {
 		t.Fatal("the second join relay did not begin")
 	}
-	if err := nodes[1].node.m.SetDraining(); err != nil {
+	if err := nodes[1].node.m.SetFlags(membership.Flags{Ready: true, Draining: true}); err != nil {
 		t.Fatal(err)
 	}
-	mshipWaitFor(t, mshipQuick, "the drain to end c's relay", func() bool { return !c.node.fwd.relaying.Load() })
+	testkit.WaitFor(t, quick, "the drain to end c's relay", func() bool { return !c.node.fwd.relaying.Load() })
 }

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -24,7 +25,7 @@ import (
 // forwarder and how it keeps counts when nodes come and go.
 // Membership.ID is the node's stable identity.
 type NodeConfig struct {
-	Membership MembershipConfig
+	Membership membership.Config
 	// Ring tunes placement; the zero value is ring's defaults.
 	Ring ring.Config
 	// Store is this node's counter store (required).
@@ -118,7 +119,7 @@ type Node struct {
 	store    Store
 	rec      recordingStore // the forwarder's Local: store, replication log, answer cache
 	fwd      *Forwarder
-	m        *Membership
+	m        *membership.Membership
 	repl     *replicator // nil when Replicas is 1
 	view     atomic.Pointer[view]
 	selfAddr string
@@ -131,9 +132,9 @@ type Node struct {
 	lastTick       atomic.Int64  // mono at the pause detector's last look, ns
 	pauseGen       atomic.Uint64 // pauses detected so far (see resync)
 
-	readyMu sync.Mutex // serialises readiness changes (setReady, endJoinRelay); before viewMu
-	viewMu  sync.Mutex // serialises rebuilds
-	alive   []Member   // the membership's last view, under viewMu
+	readyMu sync.Mutex          // serialises changes of readiness and gossiped flags (setReady, endJoinRelay, gossipDraining); before viewMu
+	viewMu  sync.Mutex          // serialises rebuilds
+	alive   []membership.Member // the membership's last view, under viewMu
 
 	ready    atomic.Bool // synced: a member of its own ring
 	draining atomic.Bool
@@ -266,7 +267,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if mc.Logger == nil {
 		mc.Logger = cfg.Logger
 	}
-	n.m, err = NewMembership(mc, n.onChange)
+	n.m, err = membership.New(mc, n.onChange)
 	if err != nil {
 		n.cancel()
 		if n.repl != nil {
@@ -323,7 +324,7 @@ func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 
 // onChange records the membership's view and rebuilds the ring. It runs on
 // the membership's notifier goroutine, one call at a time.
-func (n *Node) onChange(alive []Member) {
+func (n *Node) onChange(alive []membership.Member) {
 	n.viewMu.Lock()
 	defer n.viewMu.Unlock()
 	n.alive = alive
@@ -479,7 +480,7 @@ func (n *Node) Ready() bool {
 }
 
 // Membership returns the node's membership.
-func (n *Node) Membership() *Membership { return n.m }
+func (n *Node) Membership() *membership.Membership { return n.m }
 
 // Leave announces a graceful leave to the cluster without handing off
 // (see Drain).
@@ -519,7 +520,7 @@ func (n *Node) Close() error {
 // and addresses, and how many ring partitions each owns.
 func (n *Node) DebugHandler() http.Handler {
 	type member struct {
-		Member
+		membership.Member
 		Partitions int  `json:"partitions"`
 		Suspect    bool `json:"suspect,omitempty"`
 	}
@@ -533,7 +534,7 @@ func (n *Node) DebugHandler() http.Handler {
 		var ms []member
 		for _, m := range n.m.All() {
 			p := 0
-			if m.State == MemberAlive && v.addrs[m.ID] == m.GRPCAddr {
+			if m.State == membership.MemberAlive && v.addrs[m.ID] == m.GRPCAddr {
 				p = parts[m.ID]
 			}
 			ms = append(ms, member{Member: m, Partitions: p, Suspect: suspects[m.ID]})
@@ -545,15 +546,15 @@ func (n *Node) DebugHandler() http.Handler {
 			return ms[i].Started > ms[j].Started
 		})
 		out := struct {
-			Self      Member   `json:"self"`
-			Joined    bool     `json:"joined"`
-			Ready     bool     `json:"ready"`
-			Draining  bool     `json:"draining,omitempty"`
-			Relaying  bool     `json:"relaying,omitempty"`
-			Replicas  int      `json:"replicas"`
-			Ring      []string `json:"ring"`
-			RingBuilt string   `json:"ring_built"`
-			Members   []member `json:"members"`
+			Self      membership.Member `json:"self"`
+			Joined    bool              `json:"joined"`
+			Ready     bool              `json:"ready"`
+			Draining  bool              `json:"draining,omitempty"`
+			Relaying  bool              `json:"relaying,omitempty"`
+			Replicas  int               `json:"replicas"`
+			Ring      []string          `json:"ring"`
+			RingBuilt string            `json:"ring_built"`
+			Members   []member          `json:"members"`
 		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.fwd.relaying.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)

@@ -18,8 +18,19 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
+)
+
+// Bounds of the waits for what takes well under a second on an idle
+// machine (quick: joins, leaves, metadata, replication) and for failure
+// detection (detect): a busy 2-core -race run stalls goroutines for seconds
+// at times, and a bound costs nothing when the wait succeeds early.
+const (
+	quick  = 15 * time.Second
+	detect = 30 * time.Second
 )
 
 // nodeTestNode is one in-process Node: real memberlist on loopback (Preset
@@ -29,7 +40,7 @@ type nodeTestNode struct {
 	node  *Node
 	store *bucket.Store
 	reg   *prometheus.Registry
-	logs  *mshipLogSink
+	logs  *testkit.LogSink
 	mono  *atomic.Int64 // the pause detector's clock, ns
 	stop  func()        // stops gRPC and closes the node (idempotent)
 }
@@ -42,11 +53,11 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 		id:    id,
 		store: bucket.NewStore(bucket.StoreConfig{}),
 		reg:   prometheus.NewRegistry(),
-		logs:  &mshipLogSink{},
+		logs:  &testkit.LogSink{},
 		mono:  new(atomic.Int64),
 	}
 	cfg := NodeConfig{
-		Membership: MembershipConfig{
+		Membership: membership.Config{
 			ID:             id,
 			GRPCAddr:       lis.Addr().String(),
 			BindAddr:       "127.0.0.1:0",
@@ -102,7 +113,7 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 	t.Cleanup(func() {
 		tn.stop()
 		if t.Failed() {
-			t.Logf("%s log:\n%s", id, tn.logs.dump())
+			t.Logf("%s log:\n%s", id, tn.logs.Dump())
 		}
 	})
 	return tn
@@ -134,7 +145,7 @@ func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 	}
 	sort.Strings(ids)
 	for _, n := range on {
-		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
+		testkit.WaitFor(t, detect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
 			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) || n.node.fwd.relaying.Load() {
 				return false
 			}
@@ -196,7 +207,7 @@ func nodeSuccessors(n *nodeTestNode, key string, r int) []string {
 
 func TestNodeConfigErrors(t *testing.T) {
 	store := bucket.NewStore(bucket.StoreConfig{})
-	mc := MembershipConfig{ID: "a", GRPCAddr: "127.0.0.1:1", BindAddr: "127.0.0.1:0", Preset: "local"}
+	mc := membership.Config{ID: "a", GRPCAddr: "127.0.0.1:1", BindAddr: "127.0.0.1:0", Preset: "local"}
 	tests := []struct {
 		name string
 		cfg  NodeConfig
@@ -219,11 +230,11 @@ func TestNodeConfigErrors(t *testing.T) {
 }
 
 // A NewNode that fails once its metrics are registered (here: in
-// NewMembership) leaves the registry as it found it, so a retry succeeds.
+// membership.New) leaves the registry as it found it, so a retry succeeds.
 func TestNodeFailedStartUnregisters(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	store := bucket.NewStore(bucket.StoreConfig{})
-	mc := MembershipConfig{ID: "a", GRPCAddr: "127.0.0.1:1", BindAddr: "127.0.0.1:0", Preset: "no-such-preset"}
+	mc := membership.Config{ID: "a", GRPCAddr: "127.0.0.1:1", BindAddr: "127.0.0.1:0", Preset: "no-such-preset"}
 	if n, err := NewNode(NodeConfig{Membership: mc, Store: store, Registerer: reg}); err == nil {
 		n.Close()
 		t.Fatal("NewNode with an unknown preset succeeded")
@@ -267,7 +278,7 @@ func TestNodeReplicationReachesReplica(t *testing.T) {
 		if got := nodeCount(owner, key); got != uint64(k+1) {
 			t.Fatalf("%s: owner %s counts %d, want %d", key, owner.id, got, k+1)
 		}
-		mshipWaitFor(t, mshipQuick, key+" at its replica "+replica.id, func() bool {
+		testkit.WaitFor(t, quick, key+" at its replica "+replica.id, func() bool {
 			return nodeCount(replica, key) == uint64(k+1)
 		})
 	}
@@ -367,7 +378,7 @@ func TestNodeOwnerCrashReplicaContinues(t *testing.T) {
 	// the forward timeout on a stalled machine and was decided by a), and
 	// its replica the same count.
 	owner := nodes[2]
-	deadline := time.Now().Add(mshipQuick)
+	deadline := time.Now().Add(quick)
 	for {
 		o, r := nodeCount(owner, key), nodeCount(replica, key)
 		if o >= hits-1 && r == o {
@@ -390,7 +401,7 @@ func TestNodeOwnerCrashReplicaContinues(t *testing.T) {
 	// Before the ring changes, the other survivor sends c's key to the
 	// replica once it holds c suspect (at most its first hit falls back to
 	// its own counter): the count goes on from the replicated one.
-	mshipWaitFor(t, mshipQuick, other.id+" to hold c suspect", func() bool {
+	testkit.WaitFor(t, quick, other.id+" to hold c suspect", func() bool {
 		nodeHit(t, other, key, 1)
 		return slices.Contains(other.node.fwd.Suspects(), "c")
 	})
@@ -471,11 +482,11 @@ func TestNodeJoinSyncsBeforeReady(t *testing.T) {
 	for k := range keys {
 		key := fmt.Sprintf("join-%d", k)
 		for _, n := range nodes {
-			mshipWaitFor(t, mshipQuick, key+" replicated", func() bool { return nodeCount(n, key) == uint64(k+1) })
+			testkit.WaitFor(t, quick, key+" replicated", func() bool { return nodeCount(n, key) == uint64(k+1) })
 		}
 	}
 	c := nodeStart(t, "c", []string{nodes[0].node.Membership().Self().Addr}, nil)
-	mshipWaitFor(t, mshipQuick, "c ready", c.node.Ready)
+	testkit.WaitFor(t, quick, "c ready", c.node.Ready)
 	// No wait: the sync finished before Ready.
 	all := append(nodes, c)
 	held := 0
@@ -517,7 +528,7 @@ func TestNodePauseResyncs(t *testing.T) {
 	nodes := nodeCluster(t, []string{"a", "b"}, fast)
 	a, b := nodes[0], nodes[1]
 	nodeHit(t, a, "paused-key", 5)
-	mshipWaitFor(t, mshipQuick, "replication", func() bool { return nodeCount(a, "paused-key") == 5 && nodeCount(b, "paused-key") == 5 })
+	testkit.WaitFor(t, quick, "replication", func() bool { return nodeCount(a, "paused-key") == 5 && nodeCount(b, "paused-key") == 5 })
 	// While a "was frozen", b counted on: its copy is ahead.
 	now := time.Now().UnixNano()
 	stB, _ := b.store.Get(now, []byte("paused-key"))
@@ -525,7 +536,7 @@ func TestNodePauseResyncs(t *testing.T) {
 	b.store.Merge(now, []byte("paused-key"), stB)
 
 	a.mono.Add(int64(10 * time.Second)) // the next tick sees a 10 s gap
-	mshipWaitFor(t, mshipQuick, "a to notice the pause and re-sync", func() bool {
+	testkit.WaitFor(t, quick, "a to notice the pause and re-sync", func() bool {
 		return nodeMetric(t, a.reg, "ringlimit_pauses_detected_total") == 1 &&
 			nodeMetric(t, a.reg, "ringlimit_syncs_total") == 2
 	})
@@ -574,7 +585,7 @@ func TestNodeDecideRightAfterThawRefused(t *testing.T) {
 	if _, err := client.Decide(context.Background(), req); status.Code(err) != codes.Unavailable {
 		t.Fatalf("Decide right after the thaw: %v, want Unavailable", err)
 	}
-	mshipWaitFor(t, mshipQuick, "the re-sync", func() bool {
+	testkit.WaitFor(t, quick, "the re-sync", func() bool {
 		return nodeMetric(t, a.reg, "ringlimit_syncs_total") == 2 && a.node.Ready()
 	})
 	if _, err := client.Decide(context.Background(), req); err != nil {
@@ -644,7 +655,7 @@ func TestNodeAlgorithmsOverTheWire(t *testing.T) {
 				}
 			}
 			owner, _ := b.store.Get(time.Now().UnixNano(), []byte(key))
-			mshipWaitFor(t, mshipQuick, "the replica to hold the owner's state", func() bool {
+			testkit.WaitFor(t, quick, "the replica to hold the owner's state", func() bool {
 				st, ok := a.store.Get(time.Now().UnixNano(), []byte(key))
 				return ok && st == owner
 			})

@@ -2,6 +2,8 @@ package cluster
 
 import (
 	"time"
+
+	"github.com/ringlimit/ringlimit/cluster/membership"
 )
 
 // Readiness. A node starts not ready: it gossips Ready=false, it is in
@@ -119,7 +121,7 @@ func (n *Node) setReady(ready bool) {
 	default:
 		n.fwd.setServing(true)
 	}
-	if err := n.m.SetReady(ready, relaying); err != nil {
+	if err := n.m.SetFlags(membership.Flags{Ready: ready, Relaying: relaying}); err != nil {
 		n.log.Debug("cluster: gossiping readiness", "ready", ready, "err", err)
 	}
 	if ready && !relaying {
@@ -232,7 +234,7 @@ func (n *Node) beginJoinRelay() bool {
 
 // settledPeer reports whether m is where a join relay may send a key: a
 // ready member that neither relays itself nor drains.
-func settledPeer(m Member) bool { return m.Ready && !m.Relaying && !m.Draining }
+func settledPeer(m membership.Member) bool { return m.Ready && !m.Relaying && !m.Draining }
 
 // joinRelayLoop ends each join relay JoinRelay after it began. It returns
 // when the node closes.
@@ -299,7 +301,7 @@ func (n *Node) endJoinRelay(gen uint64, cut bool) {
 
 // gossipRelayEnd tells the peers this node no longer relays.
 func (n *Node) gossipRelayEnd() {
-	if err := n.m.SetReady(n.ready.Load(), false); err != nil {
+	if err := n.m.SetFlags(membership.Flags{Ready: n.ready.Load()}); err != nil {
 		n.log.Debug("cluster: gossiping the end of the join relay", "err", err)
 	}
 }

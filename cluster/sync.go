@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
 )
@@ -28,7 +29,7 @@ import (
 // entries arrived and an error naming the peers that failed (the node goes
 // ready anyway: what the others sent is the cluster's copy).
 func (n *Node) syncFromPeers(ctx context.Context) (int, error) {
-	var peers []Member
+	var peers []membership.Member
 	for _, m := range n.m.Alive() {
 		if m.ID != n.self && m.Ready {
 			peers = append(peers, m)
@@ -61,7 +62,7 @@ func (n *Node) syncFromPeers(ctx context.Context) (int, error) {
 }
 
 // syncFrom streams one peer's entries for this node and merges them.
-func (n *Node) syncFrom(ctx context.Context, p Member) (int, error) {
+func (n *Node) syncFrom(ctx context.Context, p membership.Member) (int, error) {
 	ctx, cancel := context.WithTimeout(ctx, n.syncTimeout)
 	defer cancel()
 	conn, err := grpc.NewClient(p.GRPCAddr, n.dialOpts...)

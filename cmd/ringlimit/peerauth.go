@@ -20,7 +20,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/grpc/tap"
 
-	"github.com/ringlimit/ringlimit/cluster"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 )
 
 // peerServerName is the TLS server name peers dial each other with: it
@@ -267,10 +267,10 @@ func (f *tlsFiles) peerDialOptions() []grpc.DialOption {
 }
 
 // aliveLister lists the members of the cluster whose peer calls are
-// admitted (*cluster.Membership: the alive ones, and those that left in the
+// admitted (*membership.Membership: the alive ones, and those that left in the
 // last minute, which may still be draining).
 type aliveLister interface {
-	Admitted() []cluster.Member
+	Admitted() []membership.Member
 }
 
 // peerGate admits Peer RPCs: with mTLS only from a client whose certificate

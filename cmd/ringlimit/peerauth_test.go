@@ -29,7 +29,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
-	"github.com/ringlimit/ringlimit/cluster"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 )
 
@@ -119,9 +119,9 @@ func leakCheck(t *testing.T) {
 }
 
 // fakeMembers is an aliveLister with fixed members.
-type fakeMembers []cluster.Member
+type fakeMembers []membership.Member
 
-func (f fakeMembers) Admitted() []cluster.Member { return f }
+func (f fakeMembers) Admitted() []membership.Member { return f }
 
 type fakePeer struct{ peerpb.UnimplementedPeerServer }
 
@@ -281,7 +281,7 @@ func TestPeerMemberIPs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	members := fakeMembers{{ID: "a", GRPCAddr: "127.0.0.1:8081", Addr: "127.0.0.1:7946", State: cluster.MemberAlive}}
+	members := fakeMembers{{ID: "a", GRPCAddr: "127.0.0.1:8081", Addr: "127.0.0.1:7946", State: membership.MemberAlive}}
 	addr := gatedServer(t, f, members)
 	from := func(ip string) grpc.DialOption {
 		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}

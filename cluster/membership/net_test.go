@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"fmt"
@@ -10,29 +10,29 @@ import (
 	"github.com/hashicorp/memberlist"
 )
 
-// mshipNet is an in-memory network of memberlist transports for tests.
+// testNet is an in-memory network of memberlist transports for tests.
 // Unlike memberlist.MockNetwork it never blocks: a packet to an unknown,
 // shut-down, partitioned or congested node is dropped, and a stream to one
 // fails at once. Partitions are directed links between addresses; setting
 // one closes the streams already open across it.
-type mshipNet struct {
+type testNet struct {
 	mu      sync.Mutex
-	nodes   map[string]*mshipTransport // by "ip:port", live or shut down
-	blocked map[[2]string]bool         // from -> to
-	links   map[*mshipLink]struct{}    // open streams
+	nodes   map[string]*testTransport // by "ip:port", live or shut down
+	blocked map[[2]string]bool        // from -> to
+	links   map[*testLink]struct{}    // open streams
 	next    int
 }
 
-func newMshipNet() *mshipNet {
-	return &mshipNet{
-		nodes:   make(map[string]*mshipTransport),
+func newTestNet() *testNet {
+	return &testNet{
+		nodes:   make(map[string]*testTransport),
 		blocked: make(map[[2]string]bool),
-		links:   make(map[*mshipLink]struct{}),
+		links:   make(map[*testLink]struct{}),
 	}
 }
 
 // reserve returns a fresh address that no transport uses yet.
-func (n *mshipNet) reserve() string {
+func (n *testNet) reserve() string {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.next++
@@ -40,16 +40,16 @@ func (n *mshipNet) reserve() string {
 }
 
 // transport creates a transport at a fresh address.
-func (n *mshipNet) transport() *mshipTransport { return n.transportAt(n.reserve()) }
+func (n *testNet) transport() *testTransport { return n.transportAt(n.reserve()) }
 
 // transportAt creates a transport at addr, replacing any shut-down one.
-func (n *mshipNet) transportAt(addr string) *mshipTransport {
+func (n *testNet) transportAt(addr string) *testTransport {
 	host, p, err := net.SplitHostPort(addr)
 	if err != nil {
 		panic(err)
 	}
 	port, _ := strconv.Atoi(p)
-	t := &mshipTransport{
+	t := &testTransport{
 		net:     n,
 		addr:    addr,
 		ip:      net.ParseIP(host),
@@ -60,14 +60,14 @@ func (n *mshipNet) transportAt(addr string) *mshipTransport {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if old, ok := n.nodes[addr]; ok && !old.down {
-		panic("mshipNet: address in use: " + addr)
+		panic("testNet: address in use: " + addr)
 	}
 	n.nodes[addr] = t
 	return t
 }
 
 // cut blocks traffic from every address in a to every address in b and back.
-func (n *mshipNet) cut(a, b []string) {
+func (n *testNet) cut(a, b []string) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	for _, x := range a {
@@ -84,7 +84,7 @@ func (n *mshipNet) cut(a, b []string) {
 }
 
 // isolate drops everything to and from addr, as if its host froze.
-func (n *mshipNet) isolate(addr string) {
+func (n *testNet) isolate(addr string) {
 	var others []string
 	n.mu.Lock()
 	for a := range n.nodes {
@@ -97,14 +97,14 @@ func (n *mshipNet) isolate(addr string) {
 }
 
 // heal removes every partition.
-func (n *mshipNet) heal() {
+func (n *testNet) heal() {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	clear(n.blocked)
 }
 
 // routeLocked returns the live destination of from -> to, or nil to drop.
-func (n *mshipNet) routeLocked(from, to string) *mshipTransport {
+func (n *testNet) routeLocked(from, to string) *testTransport {
 	src, dst := n.nodes[from], n.nodes[to]
 	if src == nil || src.down || dst == nil || dst.down || n.blocked[[2]string{from, to}] {
 		return nil
@@ -112,9 +112,9 @@ func (n *mshipNet) routeLocked(from, to string) *mshipTransport {
 	return dst
 }
 
-// mshipTransport is one node's memberlist.Transport on an mshipNet.
-type mshipTransport struct {
-	net     *mshipNet
+// testTransport is one node's memberlist.Transport on an testNet.
+type testTransport struct {
+	net     *testNet
 	addr    string
 	ip      net.IP
 	port    int
@@ -123,13 +123,13 @@ type mshipTransport struct {
 	down    bool // under net.mu
 }
 
-var _ memberlist.Transport = (*mshipTransport)(nil)
+var _ memberlist.Transport = (*testTransport)(nil)
 
-func (t *mshipTransport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
+func (t *testTransport) FinalAdvertiseAddr(string, int) (net.IP, int, error) {
 	return t.ip, t.port, nil
 }
 
-func (t *mshipTransport) WriteTo(b []byte, addr string) (time.Time, error) {
+func (t *testTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 	now := time.Now()
 	t.net.mu.Lock()
 	dst := t.net.routeLocked(t.addr, addr)
@@ -149,37 +149,37 @@ func (t *mshipTransport) WriteTo(b []byte, addr string) (time.Time, error) {
 	return now, nil
 }
 
-func (t *mshipTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
+func (t *testTransport) PacketCh() <-chan *memberlist.Packet { return t.packets }
 
-func (t *mshipTransport) DialTimeout(addr string, _ time.Duration) (net.Conn, error) {
+func (t *testTransport) DialTimeout(addr string, _ time.Duration) (net.Conn, error) {
 	t.net.mu.Lock()
 	defer t.net.mu.Unlock()
 	dst := t.net.routeLocked(t.addr, addr)
 	if dst == nil || t.net.routeLocked(addr, t.addr) == nil {
-		return nil, fmt.Errorf("mshipNet: %s unreachable from %s", addr, t.addr)
+		return nil, fmt.Errorf("testNet: %s unreachable from %s", addr, t.addr)
 	}
 	a, b := net.Pipe()
-	l := &mshipLink{net: t.net, from: t.addr, to: addr, a: a, b: b}
-	client := &mshipConn{Conn: a, link: l,
+	l := &testLink{net: t.net, from: t.addr, to: addr, a: a, b: b}
+	client := &testConn{Conn: a, link: l,
 		local:  &net.TCPAddr{IP: t.ip, Port: t.port},
 		remote: &net.TCPAddr{IP: dst.ip, Port: dst.port}}
-	server := &mshipConn{Conn: b, link: l, local: client.remote, remote: client.local}
-	l.ends = [2]*mshipConn{client, server}
+	server := &testConn{Conn: b, link: l, local: client.remote, remote: client.local}
+	l.ends = [2]*testConn{client, server}
 	select {
 	case dst.streams <- server:
 	default:
 		_ = a.Close()
 		_ = b.Close()
-		return nil, fmt.Errorf("mshipNet: %s accept queue full", addr)
+		return nil, fmt.Errorf("testNet: %s accept queue full", addr)
 	}
 	t.net.links[l] = struct{}{}
 	return client, nil
 }
 
-func (t *mshipTransport) StreamCh() <-chan net.Conn { return t.streams }
+func (t *testTransport) StreamCh() <-chan net.Conn { return t.streams }
 
 // Shutdown marks the node down and breaks its open streams.
-func (t *mshipTransport) Shutdown() error {
+func (t *testTransport) Shutdown() error {
 	t.net.mu.Lock()
 	defer t.net.mu.Unlock()
 	t.down = true
@@ -191,34 +191,34 @@ func (t *mshipTransport) Shutdown() error {
 	return nil
 }
 
-// mshipLink is one open stream: both ends of a net.Pipe.
-type mshipLink struct {
-	net      *mshipNet
+// testLink is one open stream: both ends of a net.Pipe.
+type testLink struct {
+	net      *testNet
 	from, to string
 	a, b     net.Conn
-	ends     [2]*mshipConn
+	ends     [2]*testConn
 }
 
-func (l *mshipLink) closeLocked() {
+func (l *testLink) closeLocked() {
 	_ = l.a.Close()
 	_ = l.b.Close()
 	delete(l.net.links, l)
 }
 
-// mshipConn is one end of a link with TCP-looking addresses.
-type mshipConn struct {
+// testConn is one end of a link with TCP-looking addresses.
+type testConn struct {
 	net.Conn
-	link          *mshipLink
+	link          *testLink
 	local, remote net.Addr
 	closed        bool // closed by its owner, under net.mu
 }
 
-func (c *mshipConn) LocalAddr() net.Addr  { return c.local }
-func (c *mshipConn) RemoteAddr() net.Addr { return c.remote }
+func (c *testConn) LocalAddr() net.Addr  { return c.local }
+func (c *testConn) RemoteAddr() net.Addr { return c.remote }
 
 // Close closes this end only (the peer then reads EOF, as with TCP) and
 // forgets the link once both ends are closed.
-func (c *mshipConn) Close() error {
+func (c *testConn) Close() error {
 	c.link.net.mu.Lock()
 	defer c.link.net.mu.Unlock()
 	c.closed = true

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"net"
@@ -15,13 +15,13 @@ import (
 // calls back into memberlist or into user code. Conversely no code may call
 // memberlist while holding Membership.mu (lock order: memberlist, then mu).
 
-// mshipDelegate serves this node's metadata to memberlist. It uses no user
+// delegate serves this node's metadata to memberlist. It uses no user
 // messages, broadcasts or push/pull state.
-type mshipDelegate struct{ m *Membership }
+type delegate struct{ m *Membership }
 
 // NodeMeta returns the encoded metadata; its size was checked at construction
 // against memberlist's 512-byte limit, which is limit.
-func (d mshipDelegate) NodeMeta(limit int) []byte {
+func (d delegate) NodeMeta(limit int) []byte {
 	b := *d.m.meta.Load()
 	if len(b) > limit {
 		return nil
@@ -29,24 +29,24 @@ func (d mshipDelegate) NodeMeta(limit int) []byte {
 	return b
 }
 
-func (mshipDelegate) NotifyMsg([]byte)                           {}
-func (mshipDelegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
-func (mshipDelegate) LocalState(join bool) []byte                { return nil }
-func (mshipDelegate) MergeRemoteState(buf []byte, join bool)     {}
+func (delegate) NotifyMsg([]byte)                           {}
+func (delegate) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (delegate) LocalState(join bool) []byte                { return nil }
+func (delegate) MergeRemoteState(buf []byte, join bool)     {}
 
-// mshipEvents turns memberlist's node events into member-table updates.
-type mshipEvents struct{ m *Membership }
+// events turns memberlist's node events into member-table updates.
+type events struct{ m *Membership }
 
-func (e mshipEvents) NotifyJoin(n *memberlist.Node)   { e.m.mshipObserve(n, false) }
-func (e mshipEvents) NotifyUpdate(n *memberlist.Node) { e.m.mshipObserve(n, false) }
-func (e mshipEvents) NotifyLeave(n *memberlist.Node)  { e.m.mshipObserve(n, true) }
+func (e events) NotifyJoin(n *memberlist.Node)   { e.m.observe(n, false) }
+func (e events) NotifyUpdate(n *memberlist.Node) { e.m.observe(n, false) }
+func (e events) NotifyLeave(n *memberlist.Node)  { e.m.observe(n, true) }
 
-// mshipObserve records what memberlist reported about node n: alive (or
+// observe records what memberlist reported about node n: alive (or
 // leaving, per its metadata) on join and update, dead or left when gone.
 // memberlist's own node state cannot tell a crash from a leave, so a node is
 // "left" when its last metadata carried the leaving flag.
-func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
-	meta, err := mshipDecodeMeta(n.Meta) // copies: n is memberlist's
+func (m *Membership) observe(n *memberlist.Node, gone bool) {
+	meta, err := decodeMeta(n.Meta) // copies: n is memberlist's
 	addr := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	name := n.Name
 	now := time.Now()
@@ -62,10 +62,10 @@ func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
 		}
 		m.mu.Unlock()
 		if !logged && !gone {
-			m.logger.Warn("cluster: ignoring node with undecodable metadata", "name", name, "addr", addr, "err", err)
+			m.logger.Warn("membership: ignoring node with undecodable metadata", "name", name, "addr", addr, "err", err)
 		}
 		if had {
-			m.mshipSignal()
+			m.signal()
 		}
 		return
 	}
@@ -83,7 +83,7 @@ func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
 	old, ok := m.nodes[name]
 	switch {
 	case !ok:
-		m.nodes[name] = &mshipNode{member: mb, since: now}
+		m.nodes[name] = &row{member: mb, since: now}
 	case old.member != mb:
 		if old.member.State != mb.State {
 			old.since = now
@@ -95,30 +95,30 @@ func (m *Membership) mshipObserve(n *memberlist.Node, gone bool) {
 	}
 	m.forgetGoneLocked(now)
 	m.mu.Unlock()
-	m.mshipSignal()
+	m.signal()
 }
 
 // forgetGoneLocked drops the nodes that have been dead or left for longer
-// than mshipForgetGone. m.mu is held.
+// than forgetGone. m.mu is held.
 func (m *Membership) forgetGoneLocked(now time.Time) {
 	for k, v := range m.nodes {
-		if k != m.name && v.member.State != MemberAlive && now.Sub(v.since) > mshipForgetGone {
+		if k != m.name && v.member.State != MemberAlive && now.Sub(v.since) > forgetGone {
 			delete(m.nodes, k)
 		}
 	}
 }
 
-// mshipSignal notes that the member table changed, without ever blocking.
-func (m *Membership) mshipSignal() {
+// signal notes that the member table changed, without ever blocking.
+func (m *Membership) signal() {
 	select {
 	case m.changed <- struct{}{}:
 	default:
 	}
 }
 
-// mshipNotifyLoop delivers onChange: first with just self, then with Alive
+// notifyLoop delivers onChange: first with just self, then with Alive
 // after each (coalesced) change that alters it. It returns on Close.
-func (m *Membership) mshipNotifyLoop() {
+func (m *Membership) notifyLoop() {
 	defer m.wg.Done()
 	last := []Member{m.Self()}
 	m.onChange(slices.Clone(last))
@@ -131,7 +131,7 @@ func (m *Membership) mshipNotifyLoop() {
 			return
 		case <-m.changed:
 		}
-		settle.Reset(mshipSettle)
+		settle.Reset(settleDelay)
 		select {
 		case <-m.done:
 			return

@@ -1,4 +1,4 @@
-package cluster
+package membership
 
 import (
 	"context"
@@ -8,31 +8,31 @@ import (
 	"time"
 )
 
-// mshipLogWriter is the io.Writer behind the *log.Logger handed to
+// logWriter is the io.Writer behind the *log.Logger handed to
 // memberlist. Each line memberlist prints ("[WARN] memberlist: ...") becomes
 // one debug-level record; memberlist's own level goes into the
 // "memberlist_level" attribute. The exception is gossip this node cannot
 // decrypt, which means a node with another gossip key (or none) is trying
 // to talk to it: that is logged at warn level, at most once per
-// mshipKeyWarnEvery, since memberlist reports it for every packet.
-type mshipLogWriter struct {
+// keyWarnEvery, since memberlist reports it for every packet.
+type logWriter struct {
 	l          *slog.Logger
 	lastKeyErr *atomic.Int64 // Unix ns of the last key warning
 }
 
-// mshipKeyWarnEvery spaces out the warnings about undecryptable gossip.
-const mshipKeyWarnEvery = 10 * time.Second
+// keyWarnEvery spaces out the warnings about undecryptable gossip.
+const keyWarnEvery = 10 * time.Second
 
-func newMshipLogWriter(l *slog.Logger) mshipLogWriter {
-	return mshipLogWriter{l: l, lastKeyErr: new(atomic.Int64)}
+func newLogWriter(l *slog.Logger) logWriter {
+	return logWriter{l: l, lastKeyErr: new(atomic.Int64)}
 }
 
-func (w mshipLogWriter) Write(p []byte) (int, error) {
+func (w logWriter) Write(p []byte) (int, error) {
 	ctx := context.Background()
 	if strings.Contains(strings.ToLower(string(p)), "decrypt") && w.l.Enabled(ctx, slog.LevelWarn) {
 		now, last := time.Now().UnixNano(), w.lastKeyErr.Load()
-		if now-last >= int64(mshipKeyWarnEvery) && w.lastKeyErr.CompareAndSwap(last, now) {
-			w.l.Warn("cluster: gossip that this node cannot decrypt: a node with another --gossip-key-file (or none) is trying to join; it is kept out",
+		if now-last >= int64(keyWarnEvery) && w.lastKeyErr.CompareAndSwap(last, now) {
+			w.l.Warn("membership: gossip that this node cannot decrypt: a node with another --gossip-key-file (or none) is trying to join; it is kept out",
 				"memberlist", strings.TrimSpace(string(p)))
 		}
 	}
