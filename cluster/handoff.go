@@ -116,7 +116,7 @@ func (n *Node) handoff(ctx context.Context, old, cur *ring.Ring, only map[string
 // Drain hands this node's counters off before it leaves: it stops counting
 // itself as a replica target, pushes every live key to its replica set on
 // the ring without this node, then relays every op it is still sent to the
-// key's new owner (Forwarder.relaying) and ships the writes it made since
+// key's new owner (Node.relaying) and ships the writes it made since
 // the push, announces a graceful leave, and ships what was written
 // meanwhile. The node is no longer Ready once Drain starts. ctx bounds the
 // whole drain; the leave gets at least half of what remains after the push.
@@ -137,7 +137,7 @@ func (n *Node) Drain(ctx context.Context) error {
 
 // handOff is Drain up to the leave: the node stops counting itself as a
 // replica target, pushes every live key to its replica set on the ring
-// without it, then relays what it is still sent (Forwarder.relaying) and
+// without it, then relays what it is still sent (Node.relaying) and
 // ships the writes made since the push. Until the push is done it keeps
 // deciding its keys (unless it is re-syncing after a freeze).
 func (n *Node) handOff(ctx context.Context) error {
@@ -166,7 +166,7 @@ func (n *Node) handOff(ctx context.Context) error {
 	// here (by peers that have not seen the leave yet, or by Envoys) are
 	// relayed to them, so that no key is counted on two nodes while the
 	// leave spreads. The writes made since the push follow by replication.
-	n.fwd.relaying.Store(true)
+	n.relaying.Store(true)
 	if n.repl != nil {
 		_ = n.repl.flush(ctx) // its undelivered writes are reported by the flush below
 	}
@@ -219,7 +219,7 @@ func (p *pusher) add(d string, key []byte, st bucket.State) {
 }
 
 func (p *pusher) send(d string, b *replBatch) {
-	c := p.n.fwd.peerRPC(d)
+	c := p.n.conns.Client(d)
 	if c == nil {
 		b.reset()
 		p.failed[d] = errReplNoClient

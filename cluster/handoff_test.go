@@ -31,11 +31,7 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, key []byte, mo
 	n = &Node{self: "a", replicas: 1, clock: clock, log: slog.New(slog.DiscardHandler), store: st,
 		handoffKick: make(chan struct{}, 1), rm: newReplMetrics()}
 	n.rec = recordingStore{store: st}
-	fwd, err := NewForwarder(ForwarderConfig{Self: "a", Local: n.rec, Owners: n})
-	if err != nil {
-		t.Fatal(err)
-	}
-	n.fwd = fwd
+	n.conns = fakeConns{"b": b}
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	alone, err := ring.New([]string{"a"}, ring.Config{})
 	if err != nil {
@@ -54,25 +50,25 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, key []byte, mo
 	op := bucket.Op{Key: key, Limit: bucket.Limit{Requests: 100, Unit: int64(time.Hour)}, Hits: 7}
 	st.Apply(clock(), &op)
 
-	peers := map[string]*peerClient{"b": {client: b}}
-	n.fwd.peers.Store(&peers)
 	n.wg.Add(1)
 	go n.handoffLoop()
 	t.Cleanup(func() {
 		n.cancel()
 		n.wg.Wait()
-		none := map[string]*peerClient{} // b's client is a fake: nothing to close
-		n.fwd.peers.Store(&none)
-		n.fwd.Close()
 	})
 	// The loop has read the ring it starts from once it took a kick.
 	n.handoffKick <- struct{}{}
-	fwdWaitFor(t, fwdWait, "the handoff loop to start", func() bool { return len(n.handoffKick) == 0 })
+	testkit.WaitFor(t, quick, "the handoff loop to start", func() bool { return len(n.handoffKick) == 0 })
 	return n, key, func() {
 		n.view.Store(&view{ring: both, targets: both})
 		n.handoffKick <- struct{}{}
 	}
 }
+
+// fakeConns maps peer IDs to their clients.
+type fakeConns map[string]peerpb.PeerClient
+
+func (c fakeConns) Client(id string) peerpb.PeerClient { return c[id] }
 
 // A handoff that fails to reach the key's new owner is run again, without
 // another ring change, until the owner has the count: before, the loop moved
@@ -82,7 +78,7 @@ func TestHandoffRetriesAFailedPush(t *testing.T) {
 	b := &replFakePeer{failFirst: 1, got: map[string]bucket.State{}} // the first push fails
 	n, key, move := handoffTestNode(t, b)
 	move()
-	fwdWaitFor(t, fwdWait, "the new owner to get the count", func() bool {
+	testkit.WaitFor(t, quick, "the new owner to get the count", func() bool {
 		got, _ := b.state(string(key))
 		return got.Count == 7
 	})
@@ -109,10 +105,10 @@ func TestHandoffDoesNotRetryARefusal(t *testing.T) {
 	b := &refusingPeer{}
 	n, _, move := handoffTestNode(t, b)
 	move()
-	fwdWaitFor(t, fwdWait, "the refusal", func() bool { return testCounterValue(t, n.rm.drop[replDropRefused]) == 1 })
+	testkit.WaitFor(t, quick, "the refusal", func() bool { return testCounterValue(t, n.rm.drop[replDropRefused]) == 1 })
 	// The loop is done with that handoff once it takes the next kick.
 	n.handoffKick <- struct{}{}
-	fwdWaitFor(t, fwdWait, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
+	testkit.WaitFor(t, quick, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
 	if got := testCounterValue(t, n.rm.handoffFailures); got != 0 {
 		t.Errorf("%v failed handoffs counted, want 0: a refusal is final", got)
 	}
@@ -202,7 +198,7 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 func TestNodeJoiningNodeRelays(t *testing.T) {
 	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
 	c := joiners[0]
-	if !c.node.fwd.relaying.Load() {
+	if !c.node.relaying.Load() {
 		t.Fatal("c does not relay after going ready")
 	}
 	key := ""
@@ -323,7 +319,7 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 	if err := b.node.handOff(context.Background()); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, quick, "d to end its relay", func() bool { return !d.node.fwd.relaying.Load() })
+	testkit.WaitFor(t, quick, "d to end its relay", func() bool { return !d.node.relaying.Load() })
 	// d's Envoys, a peer that has not seen d (it sends the key to b, which
 	// relays it), a peer that has (to d), one that has seen b drain: all
 	// at d, from the count b pushed.
@@ -416,5 +412,5 @@ func TestNodeDrainCutsLaterJoinRelay(t *testing.T) {
 	if err := nodes[1].node.m.SetFlags(membership.Flags{Ready: true, Draining: true}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, quick, "the drain to end c's relay", func() bool { return !c.node.fwd.relaying.Load() })
+	testkit.WaitFor(t, quick, "the drain to end c's relay", func() bool { return !c.node.relaying.Load() })
 }

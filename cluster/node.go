@@ -18,6 +18,8 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/transport"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -91,7 +93,7 @@ type view struct {
 	// targets places the replicas of this node's writes: ring, or ring
 	// without this node while it drains.
 	targets *ring.Ring
-	// relayTo places the ops this node relays (Forwarder.relaying). For a
+	// relayTo places the ops this node relays (Node.relaying). For a
 	// draining node it is targets. For a node in its join relay it is the
 	// ring of the peers that were settled when the relay began
 	// (Node.joinSettled) and still are (neither relaying nor draining), so
@@ -118,7 +120,10 @@ type Node struct {
 	log      *slog.Logger
 	store    Store
 	rec      recordingStore // the forwarder's Local: store, replication log, answer cache
-	fwd      *Forwarder
+	fwd      *transport.Forwarder
+	conns    interface {
+		Client(id string) peerpb.PeerClient
+	} // fwd: the peers' connections
 	m        *membership.Membership
 	repl     *replicator // nil when Replicas is 1
 	view     atomic.Pointer[view]
@@ -138,6 +143,14 @@ type Node struct {
 
 	ready    atomic.Bool // synced: a member of its own ring
 	draining atomic.Bool
+	// refusing makes the peer server refuse Decide and Ping (the node is
+	// re-syncing its counters after a freeze): see setServing.
+	refusing atomic.Bool
+	// relaying is set while the node leaves the cluster, or has just joined
+	// it (NodeConfig.JoinRelay): Owner then names the owners its keys move
+	// to, or still have (placement), and the peer server relays the batches
+	// it receives to them instead of applying them (see policy).
+	relaying atomic.Bool
 	// joinRelaying is set from going ready until JoinRelay later (see
 	// NodeConfig.JoinRelay); joinGen numbers the times it was set, so that
 	// the end of an earlier one does not end a later one. Both change
@@ -218,8 +231,10 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	n.view.Store(&view{ring: r, targets: r, relayTo: r, addrs: map[string]string{n.self: n.selfAddr}, built: time.Now()})
+	var reg *undoRegisterer // takes back every package's metrics if NewNode fails
 	if cfg.Registerer != nil {
-		if err := registerAll(cfg.Registerer, n.collectors()...); err != nil {
+		reg = &undoRegisterer{reg: cfg.Registerer}
+		if err := registerAll(reg, n.collectors()...); err != nil {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
 	}
@@ -228,27 +243,27 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		rlog = newReplLog()
 	}
 	n.rec = recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys, MaxBytes: shadowMaxBytes})}
-	n.fwd, err = NewForwarder(ForwarderConfig{
+	n.setServing(false) // until synced
+	n.lastTick.Store(int64(n.mono()))
+	n.fwd, err = transport.NewForwarder(transport.ForwarderConfig{
 		Self:        n.self,
 		Local:       n.rec,
 		Owners:      n,
+		Policy:      (*policy)(n),
 		Clock:       n.clock,
 		DialOptions: cfg.DialOptions,
 		MaxBatch:    cfg.MaxBatch,
 		Timeout:     cfg.Timeout,
 		SuspectFor:  cfg.SuspectFor,
-		Registerer:  cfg.Registerer,
+		Registerer:  reg.orNil(),
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
-		n.unregister(cfg.Registerer)
+		reg.undo()
 		return nil, err
 	}
-	n.dialOpts = n.fwd.dialOpts
-	n.fwd.setServing(false) // until synced
-	n.lastTick.Store(int64(n.mono()))
-	n.fwd.stalled = n.stalled
-	n.fwd.marksRelay = n.marksRelay
+	n.dialOpts = n.fwd.DialOptions()
+	n.conns = n.fwd
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	if rlog != nil {
 		n.repl = &replicator{
@@ -257,7 +272,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 			log:      rlog,
 			interval: cmp.Or(cfg.ReplicateInterval, DefaultReplicateInterval),
 			targets:  func() *ring.Ring { return n.view.Load().targets },
-			client:   n.fwd.peerRPC,
+			client:   n.fwd.Client,
 			m:        n.rm,
 			logger:   n.log,
 		}
@@ -274,7 +289,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 			n.repl.close()
 		}
 		n.fwd.Close()
-		n.unregister(cfg.Registerer)
+		reg.undo()
 		return nil, err
 	}
 	n.wg.Add(3)
@@ -291,35 +306,6 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 // collectors are the node's own metrics; its forwarder registers its own.
 func (n *Node) collectors() []prometheus.Collector {
 	return append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...)
-}
-
-// unregister removes the node's metrics, and its forwarder's once there is
-// one, from reg (nil: nothing), so that a NewNode that failed can be
-// retried on the same registry.
-func (n *Node) unregister(reg prometheus.Registerer) {
-	if reg == nil {
-		return
-	}
-	cs := n.collectors()
-	if n.fwd != nil {
-		cs = append(cs, n.fwd.m.collectors()...)
-	}
-	for _, c := range cs {
-		reg.Unregister(c)
-	}
-}
-
-// registerAll registers every collector on reg, or none of them.
-func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return err
-		}
-	}
-	return nil
 }
 
 // onChange records the membership's view and rebuilds the ring. It runs on
@@ -400,7 +386,7 @@ func (n *Node) rebuildLocked() {
 	// New members get their clients before the ring routes to them (an op
 	// for a key whose owner has no client is decided here, and the owner
 	// never counts it); members gone lose theirs only after it stops.
-	n.fwd.addPeers(peers)
+	n.fwd.AddPeers(peers)
 	n.view.Store(&view{ring: r, targets: targets, relayTo: relayTo, addrs: addrs, built: time.Now()})
 	if joinRelaying && someDraining {
 		// A draining node relays to the joining ones: the join relay
@@ -423,12 +409,12 @@ func (n *Node) rebuildLocked() {
 }
 
 // placement is the ring key's decisions follow in v: the ring, or while
-// this node relays (Forwarder.relaying) the ring of the members that take
+// this node relays (Node.relaying) the ring of the members that take
 // its keys over (it leaves: every key) or still hold them (it has just
 // joined: the keys it owns on the ring; the others are decided where the
 // ring places them, as the other nodes do).
 func (n *Node) placement(v *view, key []byte) *ring.Ring {
-	if !n.fwd.relaying.Load() {
+	if !n.relaying.Load() {
 		return v.ring
 	}
 	if !n.draining.Load() {
@@ -471,7 +457,7 @@ func (n *Node) Apply(ctx context.Context, now int64, ops []bucket.Op, results []
 
 // Register registers the peer service on g (the RLS gRPC server): Decide
 // and Ping, and the Replicate and Sync RPCs this node serves.
-func (n *Node) Register(g *grpc.Server) { n.fwd.register(g, n) }
+func (n *Node) Register(g *grpc.Server) { transport.Register(g, n.fwd, n) }
 
 // Ready reports whether the node has joined its cluster and synced its
 // counters, and is not draining: /healthcheck and gRPC health follow it.
@@ -555,7 +541,7 @@ func (n *Node) DebugHandler() http.Handler {
 			Ring      []string          `json:"ring"`
 			RingBuilt string            `json:"ring_built"`
 			Members   []member          `json:"members"`
-		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.fwd.relaying.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
+		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.relaying.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -21,6 +21,7 @@ import (
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/transport"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -48,7 +49,7 @@ type nodeTestNode struct {
 // nodeStart starts node id joining join and stops it when the test ends.
 func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) *nodeTestNode {
 	t.Helper()
-	lis := fwdListen(t)
+	lis := testkit.Listen(t)
 	tn := &nodeTestNode{
 		id:    id,
 		store: bucket.NewStore(bucket.StoreConfig{}),
@@ -92,7 +93,7 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 		t.Fatalf("NewNode(%s): %v", id, err)
 	}
 	tn.node = n
-	srv := grpc.NewServer(ServerOptions()...)
+	srv := grpc.NewServer(transport.ServerOptions()...)
 	n.Register(srv)
 	var wg sync.WaitGroup
 	wg.Add(1)
@@ -146,7 +147,7 @@ func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 	sort.Strings(ids)
 	for _, n := range on {
 		testkit.WaitFor(t, detect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
-			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) || n.node.fwd.relaying.Load() {
+			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) || n.node.relaying.Load() {
 				return false
 			}
 			// ... and sees no member relay: a relaying member is left out
@@ -159,6 +160,11 @@ func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 			return true
 		})
 	}
+}
+
+// nodeValidPB is a valid wire op on a day's window (nodeUnit).
+func nodeValidPB(key string) *peerpb.Op {
+	return &peerpb.Op{Key: []byte(key), Requests: 10, UnitNs: int64(nodeUnit), Hits: 1}
 }
 
 // nodeByID returns the node called id.
@@ -341,9 +347,8 @@ func TestNodeRingNotAheadOfPeers(t *testing.T) {
 			default:
 			}
 			members := a.node.view.Load().ring.Members()
-			peers := *a.node.fwd.peers.Load()
 			for _, id := range members {
-				if id != "a" && peers[id] == nil && len(missed) < 10 {
+				if id != "a" && a.node.fwd.Client(id) == nil && len(missed) < 10 {
 					missed = append(missed, fmt.Sprintf("%s in ring %v without a client", id, members))
 				}
 			}
@@ -577,7 +582,7 @@ func TestNodeDecideRightAfterThawRefused(t *testing.T) {
 	a := nodeStart(t, "a", nil, slowTicker)
 	nodeWaitRing(t, []*nodeTestNode{a}, []*nodeTestNode{a})
 	client := replDial(t, a)
-	req := &peerpb.DecideRequest{Ops: []*peerpb.Op{peerValidPB("thaw")}}
+	req := &peerpb.DecideRequest{Ops: []*peerpb.Op{nodeValidPB("thaw")}}
 	if _, err := client.Decide(context.Background(), req); err != nil {
 		t.Fatalf("Decide before the pause: %v", err)
 	}

@@ -88,7 +88,7 @@ func (n *Node) resync(why string) {
 		// Paused between the check and setReady, which let Decide in
 		// again: refuse it until the lifecycle, kicked by that pause,
 		// re-syncs.
-		n.fwd.setServing(false)
+		n.setServing(false)
 	}
 }
 
@@ -106,7 +106,7 @@ func (n *Node) setReady(ready bool) {
 	relaying := false
 	switch {
 	case !ready:
-		n.fwd.setServing(false)
+		n.setServing(false)
 		n.ready.Store(false)
 		n.rm.ready.Set(0)
 		n.rebuild()
@@ -117,9 +117,9 @@ func (n *Node) setReady(ready bool) {
 		// that route here once they see the readiness.
 		relaying = true
 		n.markReady()
-		n.fwd.setServing(true)
+		n.setServing(true)
 	default:
-		n.fwd.setServing(true)
+		n.setServing(true)
 	}
 	if err := n.m.SetFlags(membership.Flags{Ready: ready, Relaying: relaying}); err != nil {
 		n.log.Debug("cluster: gossiping readiness", "ready", ready, "err", err)
@@ -182,8 +182,8 @@ func (n *Node) paused(gap time.Duration) {
 	if n.draining.Load() {
 		return
 	}
-	n.fwd.setServing(false)
-	n.fwd.forgive(pauseGrace)
+	n.setServing(false)
+	n.fwd.Forgive(pauseGrace)
 	select {
 	case n.resyncKick <- struct{}{}:
 	default:
@@ -222,7 +222,7 @@ func (n *Node) beginJoinRelay() bool {
 	gen := n.joinGen
 	n.joinSettled = settled
 	n.joinRelaying.Store(true)
-	n.fwd.relaying.Store(true)
+	n.relaying.Store(true)
 	n.viewMu.Unlock()
 	select {
 	case <-n.joinKick: // an earlier relay's end, superseded
@@ -289,7 +289,7 @@ func (n *Node) endJoinRelay(gen uint64, cut bool) {
 	n.viewMu.Lock()
 	n.joinRelaying.Store(false)
 	if !n.draining.Load() {
-		n.fwd.relaying.Store(false)
+		n.relaying.Store(false)
 	}
 	n.rebuildLocked()
 	n.viewMu.Unlock()
@@ -307,7 +307,7 @@ func (n *Node) gossipRelayEnd() {
 }
 
 // marksRelay tells the peer server which relayed ops to mark relayed
-// (Forwarder.marksRelay): all while this node drains; in its join relay,
+// (transport.Policy.MarkRelay): all while this node drains; in its join relay,
 // those for the keys its ring gives it, which go to their previous owners.
 // An op for another key, sent here by a peer whose view differs, goes on
 // unmarked to the key's owner, which relays it in turn if it has just

@@ -14,6 +14,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -23,7 +24,7 @@ const (
 	// its owner and one replica.
 	DefaultReplicas = 2
 	// MaxReplicas bounds NodeConfig.Replicas and SyncRequest.replicas.
-	MaxReplicas = 16
+	MaxReplicas = wire.MaxReplicas
 	// DefaultReplicateInterval is how often recorded writes are sent to
 	// the replicas by default: the most an owner crash can lose.
 	DefaultReplicateInterval = 5 * time.Millisecond
@@ -227,7 +228,7 @@ func (r *replicator) close() {
 		r.wg.Wait()
 		for _, ob := range r.out {
 			if ob.sender != nil {
-				ob.sender.stream.drop()
+				ob.sender.stream.Drop()
 			}
 		}
 	})
@@ -352,7 +353,7 @@ func (r *replicator) cycle(force bool) {
 		case !r.members[d]:
 			r.dropCount(replDropGone, len(ob.pending))
 			if ob.sender != nil {
-				ob.sender.stream.drop()
+				ob.sender.stream.Drop()
 			}
 			delete(r.out, d)
 		case len(ob.pending) > 0 && (force || !now.Before(ob.retryAt)):
@@ -516,14 +517,14 @@ func (r *replicator) sendBatch(res *replResult, s *replSender, c peerpb.PeerClie
 
 // replSender sends one destination's batches on a ReplicateStream (opened
 // on first use, again after it ends or fails, and before it is
-// peerStreamMaxAge old), or with Replicate calls for peerStreamMaxAge after
+// wire.StreamMaxAge old), or with Replicate calls for wire.StreamMaxAge after
 // the destination answered Unimplemented. It keeps its batch's buffers from
 // send to send. Not safe for concurrent use.
 type replSender struct {
 	batch      replBatch
 	req        peerpb.ReplicateRequest
 	resp       peerpb.ReplicateResponse
-	stream     lockstep[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
+	stream     wire.Lockstep[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
 	client     peerpb.PeerClient // the stream's
 	unaryUntil time.Time
 }
@@ -537,15 +538,15 @@ func (s *replSender) send(ctx context.Context, c peerpb.PeerClient, from string)
 		return b.send(ctx, c, from)
 	}
 	if s.client != c {
-		s.stream.drop() // a new connection to the destination
-		s.client, s.stream.open = c, c.ReplicateStream
+		s.stream.Drop() // a new connection to the destination
+		s.client, s.stream.Open = c, c.ReplicateStream
 	}
 	s.req.From, s.req.Entries = from, b.entries()
-	err := s.stream.exchange(ctx, replRPCTimeout, peerStreamMaxAge, &s.req, &s.resp)
+	err := s.stream.Exchange(ctx, replRPCTimeout, wire.StreamMaxAge, &s.req, &s.resp)
 	s.req.Entries = nil
 	if status.Code(err) == codes.Unimplemented {
 		// The destination never ran a handler: send the batch as a call.
-		s.unaryUntil = time.Now().Add(peerStreamMaxAge)
+		s.unaryUntil = time.Now().Add(wire.StreamMaxAge)
 		return b.send(ctx, c, from)
 	}
 	if err == nil && s.resp.GetCode() != uint32(codes.OK) {
@@ -558,7 +559,7 @@ func (s *replSender) send(ctx context.Context, c peerpb.PeerClient, from string)
 	}
 	b.sent = n
 	if s.resp.GetLast() {
-		s.stream.drop()
+		s.stream.Drop()
 	}
 	return nil
 }
@@ -566,7 +567,7 @@ func (s *replSender) send(ctx context.Context, c peerpb.PeerClient, from string)
 // Bounds of one Replicate or Sync message, so that it stays under
 // MaxMessageSize (TestPeerMessagesFit).
 const (
-	replMaxEntries = 4096
+	replMaxEntries = wire.MaxEntries
 	replMaxBytes   = 1 << 20
 )
 
@@ -624,7 +625,7 @@ func (b *replBatch) len() int { return len(b.ents) }
 
 // full reports that the batch should be sent before anything is added.
 func (b *replBatch) full() bool {
-	return len(b.ents) >= replMaxEntries || b.bytes >= replMaxBytes-peerMaxKeyLen
+	return len(b.ents) >= replMaxEntries || b.bytes >= replMaxBytes-wire.MaxKeyLen
 }
 
 // entries returns the batch as message entries, valid until the next reset.
@@ -656,16 +657,4 @@ func (b *replBatch) send(ctx context.Context, c peerpb.PeerClient, from string) 
 	}
 	b.sent = n
 	return nil
-}
-
-// stateFromPB converts a validated wire entry.
-func stateFromPB(e *peerpb.Entry) bucket.State {
-	return bucket.State{
-		Algorithm: bucket.Algorithm(e.GetAlgorithm()),
-		Window:    e.GetWindowNs(),
-		Unit:      e.GetUnitNs(),
-		Count:     e.GetCount(),
-		Prev:      e.GetPrev(),
-		TAT:       e.GetTatNs(),
-	}
 }

@@ -20,7 +20,9 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -94,7 +96,7 @@ func TestReplicateValidation(t *testing.T) {
 	}{
 		{"nil entry", []*peerpb.Entry{replEntry("ok", 1), nil}},
 		{"empty key", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Key = nil })}},
-		{"key too long", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Key = bytes.Repeat([]byte{'k'}, peerMaxKeyLen+1) })}},
+		{"key too long", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Key = bytes.Repeat([]byte{'k'}, wire.MaxKeyLen+1) })}},
 		{"zero unit", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.UnitNs = 0 })}},
 		{"negative unit", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.UnitNs = -1 })}},
 		{"unknown algorithm", []*peerpb.Entry{replEntry("ok", 1), edit(func(e *peerpb.Entry) { e.Algorithm = 17 })}},
@@ -154,7 +156,7 @@ func TestSyncValidationAndFilter(t *testing.T) {
 		req  *peerpb.SyncRequest
 	}{
 		{"empty from", &peerpb.SyncRequest{Replicas: 2}},
-		{"from too long", &peerpb.SyncRequest{From: strings.Repeat("n", peerMaxIDLen+1), Replicas: 2}},
+		{"from too long", &peerpb.SyncRequest{From: strings.Repeat("n", wire.MaxIDLen+1), Replicas: 2}},
 		{"zero replicas", &peerpb.SyncRequest{From: "b"}},
 		{"too many replicas", &peerpb.SyncRequest{From: "b", Replicas: MaxReplicas + 1}},
 	}
@@ -167,12 +169,6 @@ func TestSyncValidationAndFilter(t *testing.T) {
 				t.Fatal("a refused sync changed the store")
 			}
 		})
-	}
-
-	// gRPC's codec refuses to send a non-UTF-8 string; the server checks
-	// anyway.
-	if err := peerValidateSync(&peerpb.SyncRequest{From: "\xff", Replicas: 2}); err == nil {
-		t.Error("non-UTF-8 from accepted")
 	}
 
 	r, err := ring.New([]string{"a", "b"}, ring.Config{})
@@ -264,7 +260,7 @@ func (p *replFakePeer) Replicate(ctx context.Context, req *peerpb.ReplicateReque
 		return nil, status.Error(codes.Unavailable, "down")
 	}
 	for _, e := range req.GetEntries() {
-		p.got[string(e.GetKey())] = bucket.MaxState(p.got[string(e.GetKey())], stateFromPB(e))
+		p.got[string(e.GetKey())] = bucket.MaxState(p.got[string(e.GetKey())], wire.EntryState(e))
 	}
 	return &peerpb.ReplicateResponse{Merged: uint32(len(req.GetEntries()))}, nil
 }
@@ -329,7 +325,7 @@ func TestReplicatorCoalescesAndRetries(t *testing.T) {
 	}
 	peers["b"].setDown(false)
 	// The background retry or a forced send delivers them now.
-	fwdWaitFor(t, fwdWait, "a flush to deliver everything", func() bool { return r.flush(context.Background()) == nil })
+	testkit.WaitFor(t, quick, "a flush to deliver everything", func() bool { return r.flush(context.Background()) == nil })
 	for k := range keys {
 		key := []byte{'k', byte(k)}
 		succ := rg.Successors(key, 2, nil)
@@ -398,10 +394,10 @@ func TestRecordingStoreRemembersAnswers(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
-			rs.remember(now, tt.op, tt.answer)
+			rs.Remember(now, tt.op, tt.answer)
 			next := *tt.op
 			next.Mode = bucket.Consume
-			if got := rs.applyInstead(now, &next); got != tt.want {
+			if got := rs.ApplyInstead(now, &next); got != tt.want {
 				t.Fatalf("next hit here: %+v, want %+v", got, tt.want)
 			}
 		})
@@ -443,8 +439,8 @@ func TestRecordingStoreOverUntil(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
-			rs.remember(now, &bucket.Op{Key: []byte("k"), Limit: lim, Hits: 1}, answer(tt.answered))
-			got, over := rs.overUntil(tt.at, &bucket.Op{Key: []byte("k"), Limit: tt.lim, Hits: tt.hits})
+			rs.Remember(now, &bucket.Op{Key: []byte("k"), Limit: lim, Hits: 1}, answer(tt.answered))
+			got, over := rs.OverUntil(tt.at, &bucket.Op{Key: []byte("k"), Limit: tt.lim, Hits: tt.hits})
 			if over != tt.wantOver || got != tt.want {
 				t.Fatalf("overUntil = %+v, %v; want %+v, %v", got, over, tt.want, tt.wantOver)
 			}
@@ -452,7 +448,7 @@ func TestRecordingStoreOverUntil(t *testing.T) {
 	}
 	// Nothing remembered, or no shadow at all: ask the owner.
 	rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{})}
-	if _, over := rs.overUntil(now, &bucket.Op{Key: []byte("k"), Limit: lim, Hits: 1}); over {
+	if _, over := rs.OverUntil(now, &bucket.Op{Key: []byte("k"), Limit: lim, Hits: 1}); over {
 		t.Fatal("no shadow: answered locally")
 	}
 }
@@ -470,7 +466,7 @@ func TestRecordingStoreAdopt(t *testing.T) {
 	rs := recordingStore{store: bucket.NewStore(bucket.StoreConfig{}), log: log, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: 16})}
 	over := bucket.Result{Over: true, Count: 11, ResetAfter: w + unit - now}
 	for _, k := range []string{"mine", "theirs"} {
-		rs.remember(now, &bucket.Op{Key: []byte(k), Limit: lim, Hits: 1}, over)
+		rs.Remember(now, &bucket.Op{Key: []byte(k), Limit: lim, Hits: 1}, over)
 	}
 	rs.adopt(now, func(key []byte) bool { return string(key) == "mine" })
 
@@ -511,10 +507,10 @@ func TestRecordingStoreAdoptKeepsOtherUnits(t *testing.T) {
 	for range 900 {
 		rs.store.(*bucket.Store).Apply(now, &bucket.Op{Key: []byte("k"), Limit: hourly, Hits: 1})
 	}
-	rs.remember(now, &bucket.Op{Key: []byte("k"), Limit: bucket.Limit{Requests: 100, Unit: minute}, Hits: 1},
+	rs.Remember(now, &bucket.Op{Key: []byte("k"), Limit: bucket.Limit{Requests: 100, Unit: minute}, Hits: 1},
 		bucket.Result{Over: true, Count: 101, ResetAfter: minute - now%minute})
 	rs.adopt(now, func([]byte) bool { return true })
-	if got := rs.applyInstead(now, &bucket.Op{Key: []byte("k"), Limit: hourly, Hits: 1}); got.Count != 901 {
+	if got := rs.ApplyInstead(now, &bucket.Op{Key: []byte("k"), Limit: hourly, Hits: 1}); got.Count != 901 {
 		t.Fatalf("hourly count after adopting a per-minute answer: %d, want 901", got.Count)
 	}
 }

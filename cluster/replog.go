@@ -31,7 +31,7 @@ type Store interface {
 // fallbacks) goes to the store, and every write is recorded in log for the
 // key's replicas. A nil log records nothing (replication is off).
 //
-// It is also the forwarder's answerCache: shadow keeps the owners' recent
+// It is also the forwarder's transport.AnswerCache: shadow keeps the owners' recent
 // answers for fixed-window keys that have used at least half their limit,
 // and a key
 // decided here instead of at its owner first merges that answer into the
@@ -50,9 +50,9 @@ const (
 	shadowMaxBytes = 16 << 20
 )
 
-// remember implements answerCache. Answers far below their limit are not
+// Remember implements transport.AnswerCache. Answers far below their limit are not
 // kept: a fallback from a lower count cannot allow such a key past it.
-func (s recordingStore) remember(now int64, op *bucket.Op, r bucket.Result) {
+func (s recordingStore) Remember(now int64, op *bucket.Op, r bucket.Result) {
 	if s.shadow == nil || (!r.Over && r.Remaining > r.Count) || op.Limit.Unit <= 0 ||
 		op.Limit.Algorithm != bucket.FixedWindow {
 		return // an answer's meaning is only this simple for fixed windows
@@ -72,13 +72,13 @@ func (s recordingStore) remember(now int64, op *bucket.Op, r bucket.Result) {
 	s.shadow.Merge(now, op.Key, bucket.State{Algorithm: op.Limit.Algorithm, Window: end - unit, Unit: unit, Count: count})
 }
 
-// overUntil implements answerCache: a fixed-window key whose owner last
+// OverUntil implements transport.AnswerCache: a fixed-window key whose owner last
 // answered a count over op's limit stays over until that window ends, so
 // it is answered here without a forward (the owner is the one that said
 // so: every entry node that asks learns the same). The answer reports the
 // hits as if counted; the owner does not see them, which only lowers the
 // count it reports beyond the limit.
-func (s recordingStore) overUntil(now int64, op *bucket.Op) (bucket.Result, bool) {
+func (s recordingStore) OverUntil(now int64, op *bucket.Op) (bucket.Result, bool) {
 	if s.shadow == nil || op.Limit.Algorithm != bucket.FixedWindow {
 		return bucket.Result{}, false
 	}
@@ -120,8 +120,8 @@ func (s recordingStore) fits(now int64, key []byte, st bucket.State) bool {
 	return !ok || (cur.Unit == st.Unit && cur.Algorithm == st.Algorithm)
 }
 
-// applyInstead implements answerCache.
-func (s recordingStore) applyInstead(now int64, op *bucket.Op) bucket.Result {
+// ApplyInstead implements transport.AnswerCache.
+func (s recordingStore) ApplyInstead(now int64, op *bucket.Op) bucket.Result {
 	if s.shadow != nil {
 		if st, ok := s.shadow.Get(now, op.Key); ok && s.fits(now, op.Key, st) {
 			s.store.Merge(now, op.Key, st)
@@ -130,7 +130,7 @@ func (s recordingStore) applyInstead(now int64, op *bucket.Op) bucket.Result {
 	return s.Apply(now, op)
 }
 
-// Apply implements Applier. It allocates nothing once the log's buffers
+// Apply implements transport.Applier. It allocates nothing once the log's buffers
 // have grown to their steady-state size.
 func (s recordingStore) Apply(now int64, op *bucket.Op) bucket.Result {
 	r, st, wrote := s.store.ApplyState(now, op)

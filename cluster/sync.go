@@ -14,6 +14,7 @@ import (
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -85,7 +86,7 @@ func (n *Node) syncFrom(ctx context.Context, p membership.Member) (int, error) {
 		if err != nil {
 			return got, err
 		}
-		if err := peerValidateEntries(resp.GetEntries()); err != nil {
+		if err := wire.ValidateEntries(resp.GetEntries()); err != nil {
 			return got, err
 		}
 		got += n.mergeEntries(resp.GetEntries())
@@ -100,7 +101,7 @@ func (n *Node) mergeEntries(entries []*peerpb.Entry) int {
 	now := n.clock()
 	merged := 0
 	for _, e := range entries {
-		if n.store.Merge(now, e.GetKey(), stateFromPB(e)) {
+		if n.store.Merge(now, e.GetKey(), wire.EntryState(e)) {
 			merged++
 		}
 	}
@@ -109,14 +110,15 @@ func (n *Node) mergeEntries(entries []*peerpb.Entry) int {
 	return merged
 }
 
-// replicate implements stateService: a peer's writes, handoff or drain.
-func (n *Node) replicate(_ string, entries []*peerpb.Entry) int {
+// Replicate implements transport.StateService: a peer's writes, handoff
+// or drain.
+func (n *Node) Replicate(_ string, entries []*peerpb.Entry) int {
 	return n.mergeEntries(entries)
 }
 
-// sync implements stateService: it streams the live entries whose replica
+// Sync implements transport.StateService: it streams the live entries whose replica
 // set on this node's ring plus the caller includes the caller.
-func (n *Node) sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
+func (n *Node) Sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
 	from := req.GetFrom()
 	ids := n.view.Load().ring.Members()
 	if !slices.Contains(ids, from) {

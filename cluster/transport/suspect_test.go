@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 )
 
@@ -102,13 +103,13 @@ func (s fwdBlockingServer) Ping(ctx context.Context, _ *peerpb.PingRequest) (*pe
 func fwdStartFakePeer(t testing.TB, kind string) *fwdFakePeer {
 	t.Helper()
 	p := &fwdFakePeer{gate: make(chan struct{})}
-	lis := fwdListen(t)
+	lis := testkit.Listen(t)
 	p.addr = lis.Addr().String()
 	switch kind {
 	case fwdPeerBlocking:
 		srv := grpc.NewServer(ServerOptions()...)
 		peerpb.RegisterPeerServer(srv, fwdBlockingServer{p: p})
-		fwdServe(t, srv, lis)
+		testkit.Serve(t, srv, lis)
 		t.Cleanup(p.open) // release handlers first (cleanups run last-in first-out)
 	case fwdPeerSilent:
 		var (
@@ -173,7 +174,7 @@ func TestForwardDeadPeer(t *testing.T) {
 				// Let the connection attempt fail first, so the op meets a
 				// refused peer rather than one still connecting.
 				p := (*a.f.peers.Load())["b"]
-				fwdWaitFor(t, fwdWait, "the dial to fail", func() bool {
+				testkit.WaitFor(t, fwdWait, "the dial to fail", func() bool {
 					return p.conn.GetState().String() == "TRANSIENT_FAILURE"
 				})
 			}
@@ -242,16 +243,16 @@ func TestForwardProbeClearsSuspicion(t *testing.T) {
 	}
 	fwdMakeSuspect(t, a, "b/1")
 	// Probes keep failing while the peer hangs: wait for a few of them.
-	fwdWaitFor(t, fwdWait, "failed probes", func() bool { return peer.pings.Load() >= 2 })
+	testkit.WaitFor(t, fwdWait, "failed probes", func() bool { return peer.pings.Load() >= 2 })
 	if s := a.f.Suspects(); len(s) != 1 {
 		t.Fatalf("Suspects() = %v while the peer still hangs, want [b]", s)
 	}
 
 	peer.open()
-	fwdWaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
+	testkit.WaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
 	// On a loaded machine the first call may still miss the deadline and
 	// make b suspect again; the probe clears it again.
-	fwdWaitFor(t, fwdWait, "a forwarded answer", func() bool { return apply("b/2").Count == 777 })
+	testkit.WaitFor(t, fwdWait, "a forwarded answer", func() bool { return apply("b/2").Count == 777 })
 	if got := fwdReadCounts(t, a.reg).forwarded; got < 1 {
 		t.Errorf("forwarded = %v, want >= 1", got)
 	}
@@ -268,7 +269,7 @@ func TestForwardSuspicionExpires(t *testing.T) {
 	a := nodes["a"]
 	fwdMakeSuspect(t, a, "b/1")
 	// The peer never answers a probe, but SuspectFor ends the bypass.
-	fwdWaitFor(t, fwdWait, "the suspicion to expire", func() bool { return len(a.f.Suspects()) == 0 })
+	testkit.WaitFor(t, fwdWait, "the suspicion to expire", func() bool { return len(a.f.Suspects()) == 0 })
 }
 
 // fwdMakeSuspect applies ops for key until its owner b is suspect: at most
@@ -328,7 +329,7 @@ func TestForwardReroutesToReplica(t *testing.T) {
 	// The first op finds c refusing connections: it falls back and c
 	// becomes suspect at once.
 	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("c/k")}, res)
-	fwdWaitFor(t, fwdWait, "c suspect", func() bool { return slices.Contains(a.f.Suspects(), "c") })
+	testkit.WaitFor(t, fwdWait, "c suspect", func() bool { return slices.Contains(a.f.Suspects(), "c") })
 	tests := []struct {
 		key     string
 		decider *fwdTestNode
@@ -384,7 +385,7 @@ func TestForwardForgive(t *testing.T) {
 	a := nodes["a"]
 	p := (*a.f.peers.Load())["b"]
 	p.markSuspect("test", nil)
-	a.f.forgive(time.Hour)
+	a.f.Forgive(time.Hour)
 	if s := a.f.Suspects(); len(s) != 0 {
 		t.Fatalf("suspects %v after forgive", s)
 	}

@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"context"
@@ -14,10 +14,11 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 )
 
 // errPeerClosed completes the ops still queued to a peer client that closed.
-var errPeerClosed = errors.New("cluster: peer client closed")
+var errPeerClosed = errors.New("transport: peer client closed")
 
 // peerClient is the client side of one peer: a connection, a queue of
 // forwarded ops, fwdInflight sender goroutines that drain the queue into
@@ -50,7 +51,7 @@ type peerClient struct {
 func newPeerClient(f *Forwarder, id, addr string) (*peerClient, error) {
 	conn, err := grpc.NewClient(addr, f.dialOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("cluster: dial peer %s at %s: %w", id, addr, err)
+		return nil, fmt.Errorf("transport: dial peer %s at %s: %w", id, addr, err)
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	p := &peerClient{
@@ -123,15 +124,15 @@ type peerSendBuf struct {
 	ops   []peerpb.Op // backing store of req.Ops
 	ptrs  []*peerpb.Op
 
-	stream lockstep[peerpb.DecideRequest, peerpb.DecideResponse]
+	stream wire.Lockstep[peerpb.DecideRequest, peerpb.DecideResponse]
 	resp   peerpb.DecideResponse
 }
 
 // roundTrip sends b.req and returns the owner's answer: on the sender's
 // DecideStream (opened on first use, again after it ends or fails, and
-// before it is peerStreamMaxAge old, so the owner's admission checks run
+// before it is wire.StreamMaxAge old, so the owner's admission checks run
 // again), or with a Decide call when the owner does not serve DecideStream
-// (then for peerStreamMaxAge, after which the stream is tried again). The
+// (then for wire.StreamMaxAge, after which the stream is tried again). The
 // answer is good until the next roundTrip. A refusal the owner reports
 // in-band is returned as the status error Decide would have returned. The
 // whole exchange, opening the stream included, waits at most
@@ -144,12 +145,12 @@ func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 		defer cancel()
 		return p.client.Decide(ctx, &b.req)
 	}
-	err := b.stream.exchange(p.ctx, limit, peerStreamMaxAge, &b.req, &b.resp)
+	err := b.stream.Exchange(p.ctx, limit, wire.StreamMaxAge, &b.req, &b.resp)
 	if status.Code(err) == codes.Unimplemented {
 		// The owner never ran a handler: send the batch again as a call.
 		now := p.f.mono()
-		if prev := p.unaryUntil.Swap(now + int64(peerStreamMaxAge)); prev <= now {
-			p.f.log.Info("cluster: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
+		if prev := p.unaryUntil.Swap(now + int64(wire.StreamMaxAge)); prev <= now {
+			p.f.log.Info("transport: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
 		}
 		return p.roundTrip(b)
 	}
@@ -157,7 +158,7 @@ func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 		return nil, err
 	}
 	if b.resp.GetLast() {
-		b.stream.drop()
+		b.stream.Drop()
 	}
 	if c := codes.Code(b.resp.GetCode()); c != codes.OK {
 		return nil, status.Error(c, b.resp.GetMessage())
@@ -177,8 +178,8 @@ func (p *peerClient) sendLoop() {
 		ptrs:  make([]*peerpb.Op, 0, maxOps),
 	}
 	b.req.From = p.f.self
-	b.stream.open = p.client.DecideStream
-	defer b.stream.drop()
+	b.stream.Open = p.client.DecideStream
+	defer b.stream.Drop()
 	var carry *fwdItem // taken from the queue but did not fit the last batch
 	for {
 		first := carry
@@ -250,7 +251,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		b.ops[i].Key = nil // do not pin the items' key buffers
 	}
 	if err == nil && len(resp.GetResults()) != len(live) {
-		err = fmt.Errorf("cluster: peer %s answered %d results for %d ops", p.id, len(resp.GetResults()), len(live))
+		err = fmt.Errorf("transport: peer %s answered %d results for %d ops", p.id, len(resp.GetResults()), len(live))
 	}
 	if err != nil {
 		// A refused batch means a protocol mismatch, not a down peer; a

@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"context"
@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 )
 
 // silentProxy forwards TCP connections to target until silence: from then
@@ -33,7 +34,7 @@ type silentPair struct {
 
 func newSilentProxy(t *testing.T, target string) *silentProxy {
 	t.Helper()
-	p := &silentProxy{lis: fwdListen(t), target: target}
+	p := &silentProxy{lis: testkit.Listen(t), target: target}
 	p.wg.Add(1)
 	go p.acceptLoop()
 	t.Cleanup(func() {
@@ -147,17 +148,17 @@ func TestForwarderRedialsSilentConnection(t *testing.T) {
 		f.Apply(context.Background(), 1000, ops, res)
 		return fwdReadCounts(t, reg).forwarded > before
 	}
-	fwdWaitFor(t, fwdWait, "a first forwarded op", forwarded)
+	testkit.WaitFor(t, fwdWait, "a first forwarded op", forwarded)
 	if n := px.accepted.Load(); n != 1 {
 		t.Fatalf("%d connections before the silence, want 1", n)
 	}
 
 	px.silence()
 	start := time.Now()
-	fwdWaitFor(t, fwdWait, "the connection to go silent", func() bool { return !forwarded() })
+	testkit.WaitFor(t, fwdWait, "the connection to go silent", func() bool { return !forwarded() })
 	// Keepalive pings after peerKeepaliveTime without a read and gives up
 	// peerKeepaliveTimeout later; then the client dials again.
-	fwdWaitFor(t, peerKeepaliveTime+peerKeepaliveTimeout+fwdWait, "forwarding to recover", forwarded)
+	testkit.WaitFor(t, peerKeepaliveTime+peerKeepaliveTimeout+fwdWait, "forwarding to recover", forwarded)
 	t.Logf("forwarding recovered %v after the silence, on connection %d", time.Since(start).Round(time.Millisecond), px.accepted.Load())
 	if n := px.accepted.Load(); n < 2 {
 		t.Errorf("%d connections, want a second one dialled after the silence", n)

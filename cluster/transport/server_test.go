@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"bytes"
@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 )
 
@@ -27,10 +28,21 @@ func peerTestClient(t *testing.T, n *fwdTestNode) peerpb.PeerClient {
 	return peerpb.NewPeerClient(conn)
 }
 
-// peerValidPB is a valid op on a day's window (nodeUnit), so counts taken
+// dayUnit is the window of the limits these tests count under in real time
+// (time.Now): a day, so that counts taken over the seconds a test runs
+// almost never straddle a window edge (midnight UTC).
+const dayUnit = 24 * time.Hour
+
+// replWindow is the start of the current dayUnit window (Unix ns).
+func replWindow() int64 {
+	now := time.Now().UnixNano()
+	return now - now%int64(dayUnit)
+}
+
+// peerValidPB is a valid op on a day's window (dayUnit), so counts taken
 // over several calls in real time do not straddle a window edge.
 func peerValidPB(key string) *peerpb.Op {
-	return &peerpb.Op{Key: []byte(key), Requests: 10, UnitNs: int64(nodeUnit), Hits: 1}
+	return &peerpb.Op{Key: []byte(key), Requests: 10, UnitNs: int64(dayUnit), Hits: 1}
 }
 
 func TestPeerServerDecide(t *testing.T) {
@@ -142,6 +154,14 @@ func TestPeerValidateBatchNilOp(t *testing.T) {
 	}
 }
 
+// gRPC's codec refuses to send a non-UTF-8 string; the server checks
+// anyway.
+func TestPeerValidateSyncNonUTF8(t *testing.T) {
+	if err := peerValidateSync(&peerpb.SyncRequest{From: "\xff", Replicas: 2}); err == nil {
+		t.Error("non-UTF-8 from accepted")
+	}
+}
+
 // An op the owner would refuse is not forwarded (it would sink the whole
 // batch): the entry node decides it locally.
 func TestForwardInvalidOpStaysLocal(t *testing.T) {
@@ -222,7 +242,7 @@ func TestForwardExpiredBatchCountedOnce(t *testing.T) {
 func TestPeerServerRefusesWhileNotServing(t *testing.T) {
 	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
 	a, b := nodes["a"], nodes["b"]
-	b.f.setServing(false)
+	b.pol.setServing(false)
 	client := peerTestClient(t, b)
 	if _, err := client.Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{peerValidPB("b/x")}}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("Decide: %v, want Unavailable", err)
@@ -238,6 +258,6 @@ func TestPeerServerRefusesWhileNotServing(t *testing.T) {
 	if got := a.f.Suspects(); !slices.Equal(got, []string{"b"}) {
 		t.Fatalf("suspects %v, want [b]", got)
 	}
-	b.f.setServing(true)
-	fwdWaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
+	b.pol.setServing(true)
+	testkit.WaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
 }

@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"bytes"
@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 )
 
 // fwdFakeStore is a trivial Applier: one exact counter per key, no windows.
@@ -91,31 +93,19 @@ type fwdTestNode struct {
 	now   int64 // its fixed clock
 	store *fwdFakeStore
 	reg   *prometheus.Registry
+	pol   *testPolicy
 	f     *Forwarder
 }
 
-// fwdServe serves srv on lis until the test ends.
-func fwdServe(t testing.TB, srv *grpc.Server, lis net.Listener) {
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		_ = srv.Serve(lis)
-	}()
-	t.Cleanup(func() {
-		srv.Stop()
-		wg.Wait()
-	})
-}
+// testPolicy is a Policy that serves until told otherwise and never
+// relays.
+type testPolicy struct{ refusing atomic.Bool }
 
-func fwdListen(t testing.TB) net.Listener {
-	t.Helper()
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return lis
-}
+// setServing makes the node answer (true) or refuse Decide and Ping.
+func (p *testPolicy) setServing(ok bool)    { p.refusing.Store(!ok) }
+func (p *testPolicy) Serving() bool         { return !p.refusing.Load() }
+func (p *testPolicy) Relaying() bool        { return false }
+func (p *testPolicy) MarkRelay([]byte) bool { return true }
 
 // fwdStartCluster starts one node per ID (node i's clock reads (i+1)*1000)
 // and gives every node every other node, plus the extra id -> addr peers,
@@ -126,7 +116,7 @@ func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak 
 	peers := map[string]string{}
 	lis := map[string]net.Listener{}
 	for _, id := range ids {
-		l := fwdListen(t)
+		l := testkit.Listen(t)
 		lis[id] = l
 		tab[id] = fwdOwnerEntry{id, l.Addr().String()}
 		peers[id] = l.Addr().String()
@@ -137,12 +127,13 @@ func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak 
 	}
 	nodes := map[string]*fwdTestNode{}
 	for i, id := range ids {
-		n := &fwdTestNode{id: id, addr: peers[id], now: int64(i+1) * 1000, store: newFwdFakeStore(), reg: prometheus.NewRegistry()}
+		n := &fwdTestNode{id: id, addr: peers[id], now: int64(i+1) * 1000, store: newFwdFakeStore(), reg: prometheus.NewRegistry(), pol: &testPolicy{}}
 		now := n.now
 		cfg := ForwarderConfig{
 			Self:       id,
 			Local:      n.store,
 			Owners:     &fwdFakeOwners{self: id, tab: tab},
+			Policy:     n.pol,
 			Clock:      func() int64 { return now },
 			Timeout:    5 * time.Second, // exactness tests must not time out under -race
 			SuspectFor: time.Minute,
@@ -157,8 +148,8 @@ func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak 
 		}
 		n.f = f
 		srv := grpc.NewServer(ServerOptions()...)
-		f.Register(srv)
-		fwdServe(t, srv, lis[id])
+		Register(srv, f, nil)
+		testkit.Serve(t, srv, lis[id])
 		t.Cleanup(func() {
 			if err := f.Close(); err != nil {
 				t.Errorf("close %s: %v", id, err)
@@ -230,18 +221,6 @@ func fwdReadCounts(t testing.TB, reg *prometheus.Registry) fwdCounts {
 // fwdWait bounds a wait for what takes milliseconds on an idle machine:
 // generous, as a busy -race run stalls for seconds at times.
 const fwdWait = 20 * time.Second
-
-// fwdWaitFor polls cond until it holds or d passes.
-func fwdWaitFor(t testing.TB, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", d, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 func TestNewForwarderConfig(t *testing.T) {
 	ok := ForwarderConfig{Self: "a", Local: newFwdFakeStore(), Owners: &fwdFakeOwners{}}
@@ -470,8 +449,8 @@ func TestForwardSetPeers(t *testing.T) {
 	}
 
 	// addPeers keeps every client it has, a moved or missing peer's too.
-	a.f.addPeers(map[string]string{"b": "127.0.0.1:1"})
-	a.f.addPeers(map[string]string{})
+	a.f.AddPeers(map[string]string{"b": "127.0.0.1:1"})
+	a.f.AddPeers(map[string]string{})
 	if client() != first || closed(first) {
 		t.Fatal("addPeers replaced or closed a client")
 	}
@@ -555,7 +534,7 @@ func TestForwardCloseJoins(t *testing.T) {
 		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
 		done <- res[0]
 	}()
-	fwdWaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
+	testkit.WaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
 	if err := a.f.Close(); err != nil {
 		t.Fatal(err)
 	}
@@ -594,7 +573,7 @@ func TestForwardContextCancel(t *testing.T) {
 		a.f.Apply(ctx, a.now, []bucket.Op{fwdOp("b/1"), fwdOp("a/1")}, res)
 		done <- res[0]
 	}()
-	fwdWaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
+	testkit.WaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
 	cancel()
 	select {
 	case r := <-done:

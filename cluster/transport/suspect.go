@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"context"
@@ -39,7 +39,7 @@ const peerQuietFor = 100 * time.Millisecond
 // is refused or broken (codes.Unavailable): a crashed peer costs one
 // timeout, not three. Timeouts count only once p has answered no waiter in
 // time for peerQuietFor. Failures during the grace that follows a freeze of
-// this process are ignored (see Forwarder.forgive).
+// this process are ignored (see Forwarder.Forgive).
 func (p *peerClient) noteFailure(reason string, err error) {
 	now := p.f.mono()
 	if now < p.f.graceUntil.Load() {
@@ -60,7 +60,7 @@ func (p *peerClient) markSuspect(reason string, err error) {
 		return
 	}
 	p.suspectSince.Store(p.f.mono())
-	p.f.log.Warn("cluster: peer suspect", "peer", p.id, "addr", p.addr, "reason", reason, "err", err)
+	p.f.log.Warn("transport: peer suspect", "peer", p.id, "addr", p.addr, "reason", reason, "err", err)
 	select {
 	case p.wake <- struct{}{}:
 	default:
@@ -70,7 +70,7 @@ func (p *peerClient) markSuspect(reason string, err error) {
 // clearSuspect ends p's suspicion.
 func (p *peerClient) clearSuspect(why string) {
 	if p.suspect.CompareAndSwap(true, false) {
-		p.f.log.Info("cluster: peer no longer suspect", "peer", p.id, "addr", p.addr, "why", why)
+		p.f.log.Info("transport: peer no longer suspect", "peer", p.id, "addr", p.addr, "why", why)
 	}
 }
 
@@ -118,7 +118,7 @@ func (p *peerClient) ping() error {
 		return err
 	}
 	if resp.GetId() != p.id {
-		return fmt.Errorf("cluster: %s answers as %q, want %q", p.addr, resp.GetId(), p.id)
+		return fmt.Errorf("transport: %s answers as %q, want %q", p.addr, resp.GetId(), p.id)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package cluster
+package transport
 
 import (
 	"context"
@@ -34,13 +34,13 @@ type fuzzState struct {
 	calls, entries int
 }
 
-func (s *fuzzState) replicate(_ string, entries []*peerpb.Entry) int {
+func (s *fuzzState) Replicate(_ string, entries []*peerpb.Entry) int {
 	s.calls++
 	s.entries += len(entries)
 	return len(entries)
 }
 
-func (s *fuzzState) sync(*peerpb.SyncRequest, grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
+func (s *fuzzState) Sync(*peerpb.SyncRequest, grpc.ServerStreamingServer[peerpb.SyncResponse]) error {
 	return nil
 }
 

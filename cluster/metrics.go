@@ -1,0 +1,80 @@
+package cluster
+
+import (
+	"sync"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// registerAll registers every collector on reg, or none of them.
+func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
+	for i, c := range cs {
+		if err := reg.Register(c); err != nil {
+			for _, done := range cs[:i] {
+				reg.Unregister(done)
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// undoRegisterer registers on reg and remembers what it registered, so that
+// a NewNode that fails after its packages registered their metrics can take
+// them all back and be retried on the same registry.
+type undoRegisterer struct {
+	reg  prometheus.Registerer
+	mu   sync.Mutex
+	done []prometheus.Collector
+}
+
+func (u *undoRegisterer) Register(c prometheus.Collector) error {
+	if err := u.reg.Register(c); err != nil {
+		return err
+	}
+	u.mu.Lock()
+	u.done = append(u.done, c)
+	u.mu.Unlock()
+	return nil
+}
+
+func (u *undoRegisterer) MustRegister(cs ...prometheus.Collector) {
+	for _, c := range cs {
+		if err := u.Register(c); err != nil {
+			panic(err)
+		}
+	}
+}
+
+func (u *undoRegisterer) Unregister(c prometheus.Collector) bool {
+	u.mu.Lock()
+	for i, d := range u.done {
+		if d == c {
+			u.done = append(u.done[:i], u.done[i+1:]...)
+			break
+		}
+	}
+	u.mu.Unlock()
+	return u.reg.Unregister(c)
+}
+
+// orNil is u as a Registerer, or nil when u is nil (nothing is registered).
+func (u *undoRegisterer) orNil() prometheus.Registerer {
+	if u == nil {
+		return nil
+	}
+	return u
+}
+
+// undo unregisters everything registered through u (nil: nothing).
+func (u *undoRegisterer) undo() {
+	if u == nil {
+		return
+	}
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, c := range u.done {
+		u.reg.Unregister(c)
+	}
+	u.done = nil
+}
