@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -17,21 +18,30 @@ import (
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
 // handoffTestNode is node "a" alone, holding key at count 7, with its
-// handoff loop running and peer "b" served by the fake b. move makes b
-// join the ring, which moves key to b, and waits until the loop has read
-// the ring it started from.
-func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, key []byte, move func()) {
+// handoff loop running and peer "b" served by the fake b; reg has its
+// replication metrics. move makes b join the ring, which moves key to b,
+// and waits until the loop has read the ring it started from.
+func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheus.Registry, key []byte, move func()) {
 	t.Helper()
 	clock := func() int64 { return int64(30 * time.Minute) }
 	st := bucket.NewStore(bucket.StoreConfig{})
-	n = &Node{self: "a", replicas: 1, clock: clock, log: slog.New(slog.DiscardHandler), store: st,
-		handoffKick: make(chan struct{}, 1), rm: newReplMetrics()}
-	n.rec = recordingStore{store: st}
-	n.conns = fakeConns{"b": b}
+	n = &Node{self: "a", replicas: 1, clock: clock, log: slog.New(slog.DiscardHandler),
+		handoffKick: make(chan struct{}, 1)}
+	n.rec = replication.NewRecorder(st, false)
+	reg = prometheus.NewRegistry()
+	repl, err := replication.New(replication.Config{
+		Self: "a", Replicas: 1, Recorder: n.rec, Clock: clock, SyncTimeout: time.Second,
+		Ring: func() *ring.Ring { return n.view.Load().ring }, Conns: fakeConns{"b": b}, Registerer: reg,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.repl = repl
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	alone, err := ring.New([]string{"a"}, ring.Config{})
 	if err != nil {
@@ -55,11 +65,12 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, key []byte, mo
 	t.Cleanup(func() {
 		n.cancel()
 		n.wg.Wait()
+		n.repl.Close()
 	})
 	// The loop has read the ring it starts from once it took a kick.
 	n.handoffKick <- struct{}{}
 	testkit.WaitFor(t, quick, "the handoff loop to start", func() bool { return len(n.handoffKick) == 0 })
-	return n, key, func() {
+	return n, reg, key, func() {
 		n.view.Store(&view{ring: both, targets: both})
 		n.handoffKick <- struct{}{}
 	}
@@ -75,14 +86,14 @@ func (c fakeConns) Client(id string) peerpb.PeerClient { return c[id] }
 // on to the new ring and the key was never pushed again, so the new owner
 // started it from zero.
 func TestHandoffRetriesAFailedPush(t *testing.T) {
-	b := &replFakePeer{failFirst: 1, got: map[string]bucket.State{}} // the first push fails
-	n, key, move := handoffTestNode(t, b)
+	b := testkit.NewReplicaPeer(1, false) // the first push fails
+	_, reg, key, move := handoffTestNode(t, b)
 	move()
 	testkit.WaitFor(t, quick, "the new owner to get the count", func() bool {
-		got, _ := b.state(string(key))
+		got, _ := b.State(string(key))
 		return got.Count == 7
 	})
-	if got := testCounterValue(t, n.rm.handoffFailures); got != 1 {
+	if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 1 {
 		t.Errorf("%v failed handoffs counted, want 1", got)
 	}
 }
@@ -103,13 +114,15 @@ func (p *refusingPeer) Replicate(context.Context, *peerpb.ReplicateRequest, ...g
 // retry would scan the store and push to every peer again.
 func TestHandoffDoesNotRetryARefusal(t *testing.T) {
 	b := &refusingPeer{}
-	n, _, move := handoffTestNode(t, b)
+	n, reg, _, move := handoffTestNode(t, b)
 	move()
-	testkit.WaitFor(t, quick, "the refusal", func() bool { return testCounterValue(t, n.rm.drop[replDropRefused]) == 1 })
+	// Only the refusal drops writes here: without replicas nothing else is
+	// sent.
+	testkit.WaitFor(t, quick, "the refusal", func() bool { return nodeMetric(t, reg, "ringlimit_replication_dropped_total") == 1 })
 	// The loop is done with that handoff once it takes the next kick.
 	n.handoffKick <- struct{}{}
 	testkit.WaitFor(t, quick, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
-	if got := testCounterValue(t, n.rm.handoffFailures); got != 0 {
+	if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 0 {
 		t.Errorf("%v failed handoffs counted, want 0: a refusal is final", got)
 	}
 	if got := b.calls.Load(); got != 1 {

@@ -6,6 +6,37 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
+// nodeMetrics are the node's own metrics; its packages register theirs.
+type nodeMetrics struct {
+	members  prometheus.Gauge
+	rebuilds prometheus.Counter
+	pauses   prometheus.Counter
+	ready    prometheus.Gauge
+}
+
+func newNodeMetrics() nodeMetrics {
+	return nodeMetrics{
+		members: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_cluster_members", Help: "Ready cluster members in this node's ring (itself included once ready).",
+		}),
+		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_ring_rebuilds_total", Help: "Times the hash ring was rebuilt after a membership change.",
+		}),
+		pauses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "ringlimit_pauses_detected_total",
+			Help: "Times this process found it had been frozen (SIGSTOP, VM pause) and re-synced.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "ringlimit_node_ready",
+			Help: "1 when this node has synced its counters and is a ring member, else 0.",
+		}),
+	}
+}
+
+func (m nodeMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.members, m.rebuilds, m.pauses, m.ready}
+}
+
 // registerAll registers every collector on reg, or none of them.
 func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
 	for i, c := range cs {

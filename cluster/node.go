@@ -18,8 +18,9 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/membership"
-	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 	"github.com/ringlimit/ringlimit/cluster/transport"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -31,7 +32,7 @@ type NodeConfig struct {
 	// Ring tunes placement; the zero value is ring's defaults.
 	Ring ring.Config
 	// Store is this node's counter store (required).
-	Store Store
+	Store replication.Store
 	// Replicas is how many distinct nodes hold each key: its owner and
 	// Replicas-1 replicas, the key's next successors on the ring. 0 means
 	// DefaultReplicas; 1 disables replication (handoff and sync still
@@ -75,8 +76,16 @@ type NodeConfig struct {
 	monoClock func() time.Duration
 }
 
-// Defaults of NodeConfig.
+// Defaults and bounds of NodeConfig.
 const (
+	// DefaultReplicas is how many distinct nodes hold each key by default:
+	// its owner and one replica.
+	DefaultReplicas = 2
+	// MaxReplicas bounds NodeConfig.Replicas.
+	MaxReplicas = wire.MaxReplicas
+	// DefaultReplicateInterval is how often recorded writes are sent to
+	// the replicas by default: the most an owner crash can lose.
+	DefaultReplicateInterval = replication.DefaultInterval
 	// DefaultSyncTimeout bounds one peer's Sync by default.
 	DefaultSyncTimeout = 1500 * time.Millisecond
 	// DefaultPauseThreshold is the tick gap that means a freeze by default.
@@ -118,19 +127,13 @@ type Node struct {
 	replicas int
 	clock    func() int64
 	log      *slog.Logger
-	store    Store
-	rec      recordingStore // the forwarder's Local: store, replication log, answer cache
+	rec      *replication.Recorder // the forwarder's Local: store, replication log, answer cache
 	fwd      *transport.Forwarder
-	conns    interface {
-		Client(id string) peerpb.PeerClient
-	} // fwd: the peers' connections
 	m        *membership.Membership
-	repl     *replicator // nil when Replicas is 1
+	repl     *replication.Replicator
 	view     atomic.Pointer[view]
 	selfAddr string
-	dialOpts []grpc.DialOption
 
-	syncTimeout    time.Duration
 	joinRelay      time.Duration // <= 0: none
 	pauseThreshold time.Duration
 	mono           func() time.Duration
@@ -169,9 +172,7 @@ type Node struct {
 	closeOnce   sync.Once
 	closeErr    error
 
-	members  prometheus.Gauge
-	rebuilds prometheus.Counter
-	rm       *replMetrics
+	metrics nodeMetrics
 }
 
 // NewNode starts membership, forwarding and replication. The node is not
@@ -195,9 +196,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		replicas:       cmp.Or(cfg.Replicas, DefaultReplicas),
 		clock:          cfg.Clock,
 		log:            cfg.Logger,
-		store:          cfg.Store,
 		selfAddr:       cfg.Membership.GRPCAddr,
-		syncTimeout:    cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
 		joinRelay:      cmp.Or(cfg.JoinRelay, DefaultJoinRelay),
 		pauseThreshold: cmp.Or(cfg.PauseThreshold, DefaultPauseThreshold),
 		mono:           cfg.monoClock,
@@ -205,13 +204,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		resyncKick:     make(chan struct{}, 1),
 		joinKick:       make(chan uint64, 1),
 		joinCut:        make(chan struct{}, 1),
-		members: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ringlimit_cluster_members", Help: "Ready cluster members in this node's ring (itself included once ready).",
-		}),
-		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ringlimit_ring_rebuilds_total", Help: "Times the hash ring was rebuilt after a membership change.",
-		}),
-		rm: newReplMetrics(),
+		metrics:        newNodeMetrics(),
 	}
 	if n.replicas == 1 {
 		n.joinRelay = 0
@@ -234,15 +227,11 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	var reg *undoRegisterer // takes back every package's metrics if NewNode fails
 	if cfg.Registerer != nil {
 		reg = &undoRegisterer{reg: cfg.Registerer}
-		if err := registerAll(reg, n.collectors()...); err != nil {
+		if err := registerAll(reg, n.metrics.collectors()...); err != nil {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
 	}
-	var rlog *replLog
-	if n.replicas > 1 {
-		rlog = newReplLog()
-	}
-	n.rec = recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys, MaxBytes: shadowMaxBytes})}
+	n.rec = replication.NewRecorder(cfg.Store, n.replicas > 1)
 	n.setServing(false) // until synced
 	n.lastTick.Store(int64(n.mono()))
 	n.fwd, err = transport.NewForwarder(transport.ForwarderConfig{
@@ -262,22 +251,27 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		reg.undo()
 		return nil, err
 	}
-	n.dialOpts = n.fwd.DialOptions()
-	n.conns = n.fwd
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	if rlog != nil {
-		n.repl = &replicator{
-			self:     n.self,
-			replicas: n.replicas,
-			log:      rlog,
-			interval: cmp.Or(cfg.ReplicateInterval, DefaultReplicateInterval),
-			targets:  func() *ring.Ring { return n.view.Load().targets },
-			client:   n.fwd.Client,
-			m:        n.rm,
-			logger:   n.log,
-		}
-		n.repl.start()
+	n.repl, err = replication.New(replication.Config{
+		Self:        n.self,
+		Replicas:    n.replicas,
+		Recorder:    n.rec,
+		Clock:       n.clock,
+		Interval:    cfg.ReplicateInterval,
+		SyncTimeout: cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
+		RingConfig:  n.ringCfg,
+		Ring:        func() *ring.Ring { return n.view.Load().ring },
+		Targets:     func() *ring.Ring { return n.view.Load().targets },
+		Conns:       n.fwd,
+		DialOptions: n.fwd.DialOptions(),
+		Registerer:  reg.orNil(),
+		Logger:      n.log,
+	})
+	if err != nil {
+		n.fwd.Close()
+		reg.undo()
+		return nil, err
 	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	mc := cfg.Membership
 	if mc.Logger == nil {
 		mc.Logger = cfg.Logger
@@ -285,9 +279,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	n.m, err = membership.New(mc, n.onChange)
 	if err != nil {
 		n.cancel()
-		if n.repl != nil {
-			n.repl.close()
-		}
+		n.repl.Close()
 		n.fwd.Close()
 		reg.undo()
 		return nil, err
@@ -301,11 +293,6 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		go n.pauseLoop()
 	}
 	return n, nil
-}
-
-// collectors are the node's own metrics; its forwarder registers its own.
-func (n *Node) collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...)
 }
 
 // onChange records the membership's view and rebuilds the ring. It runs on
@@ -374,7 +361,7 @@ func (n *Node) rebuildLocked() {
 	if changed {
 		// Before the ring is published: no op decides a newly owned key
 		// from a count below what its last owner told this node.
-		n.rec.adopt(n.clock(), func(key []byte) bool {
+		n.rec.Adopt(n.clock(), func(key []byte) bool {
 			id, ok := r.Owner(key)
 			return ok && id == n.self
 		})
@@ -397,9 +384,9 @@ func (n *Node) rebuildLocked() {
 		}
 	}
 	n.fwd.SetPeers(peers)
-	n.members.Set(float64(len(ids)))
+	n.metrics.members.Set(float64(len(ids)))
 	if changed {
-		n.rebuilds.Inc()
+		n.metrics.rebuilds.Inc()
 		n.log.Info("ring rebuilt", "members", ids)
 		select {
 		case n.handoffKick <- struct{}{}:
@@ -457,7 +444,7 @@ func (n *Node) Apply(ctx context.Context, now int64, ops []bucket.Op, results []
 
 // Register registers the peer service on g (the RLS gRPC server): Decide
 // and Ping, and the Replicate and Sync RPCs this node serves.
-func (n *Node) Register(g *grpc.Server) { transport.Register(g, n.fwd, n) }
+func (n *Node) Register(g *grpc.Server) { transport.Register(g, n.fwd, n.repl) }
 
 // Ready reports whether the node has joined its cluster and synced its
 // counters, and is not draining: /healthcheck and gRPC health follow it.
@@ -480,22 +467,18 @@ const closeFlushTimeout = 500 * time.Millisecond
 // forwarding and joins their goroutines. Idempotent.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
-		if n.repl != nil {
-			// Ship what was written since Drain's flush: ops that peers sent
-			// before they saw this node leave, decided while the gRPC server
-			// finished its calls. Bounded: a peer that is gone costs at most
-			// closeFlushTimeout.
-			ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
-			if err := n.repl.flush(ctx); err != nil {
-				n.log.Warn("cluster: close: replication writes not delivered", "err", err)
-			}
-			cancel()
+		// Ship what was written since Drain's flush: ops that peers sent
+		// before they saw this node leave, decided while the gRPC server
+		// finished its calls. Bounded: a peer that is gone costs at most
+		// closeFlushTimeout.
+		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+		if err := n.repl.Flush(ctx); err != nil {
+			n.log.Warn("cluster: close: replication writes not delivered", "err", err)
 		}
+		cancel()
 		n.cancel()
 		n.wg.Wait()
-		if n.repl != nil {
-			n.repl.close()
-		}
+		n.repl.Close()
 		err := n.m.Close()
 		n.closeErr = errors.Join(err, n.fwd.Close())
 	})

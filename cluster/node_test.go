@@ -613,7 +613,7 @@ func TestNodeApplyZeroAllocs(t *testing.T) {
 	res := make([]bucket.Result, 1)
 	ctx := context.Background()
 	now := time.Now().UnixNano()
-	for range 2 * replStripeRecs { // grow the replication log's buffers
+	for range 2 * 8192 { // grow the replication log's buffers (8192 records a stripe)
 		a.node.Apply(ctx, now, ops, res)
 	}
 	if n := testing.AllocsPerRun(1000, func() { a.node.Apply(ctx, now, ops, res) }); n != 0 {

@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 )
 
 // Readiness. A node starts not ready: it gossips Ready=false, it is in
@@ -58,17 +59,14 @@ func (n *Node) resync(why string) {
 	for {
 		gen = n.pauseGen.Load()
 		start := time.Now()
-		got, err := n.syncFromPeers(n.ctx)
+		got, err := n.repl.Pull(n.ctx, n.syncPeers())
 		if n.ctx.Err() != nil {
 			return
 		}
 		took := time.Since(start)
-		n.rm.syncDur.Observe(took.Seconds())
 		if err != nil {
-			n.rm.syncs.WithLabelValues("partial").Inc()
 			n.log.Warn("cluster: sync incomplete; going ready with what arrived", "why", why, "entries", got, "took", took, "err", err)
 		} else {
-			n.rm.syncs.WithLabelValues("ok").Inc()
 			n.log.Info("cluster: synced counters from peers", "why", why, "entries", got, "took", took)
 		}
 		// A pause so far is handled here, so its kick is spent; one
@@ -92,6 +90,18 @@ func (n *Node) resync(why string) {
 	}
 }
 
+// syncPeers are the peers a sync pulls from: every alive ready member but
+// this node.
+func (n *Node) syncPeers() []replication.Peer {
+	var peers []replication.Peer
+	for _, m := range n.m.Alive() {
+		if m.ID != n.self && m.Ready {
+			peers = append(peers, replication.Peer{ID: m.ID, GRPCAddr: m.GRPCAddr})
+		}
+	}
+	return peers
+}
+
 // setReady changes this node's readiness. Going down it first stops
 // answering Decide and leaves its own ring, then gossips; going up it first
 // answers Decide and gossips (waiting a bounded time for the broadcast), so
@@ -108,7 +118,7 @@ func (n *Node) setReady(ready bool) {
 	case !ready:
 		n.setServing(false)
 		n.ready.Store(false)
-		n.rm.ready.Set(0)
+		n.metrics.ready.Set(0)
 		n.rebuild()
 	case n.beginJoinRelay():
 		// Relaying, it puts itself in its own ring first: it sends the
@@ -132,7 +142,7 @@ func (n *Node) setReady(ready bool) {
 // markReady puts this node in its own ring.
 func (n *Node) markReady() {
 	n.ready.Store(true)
-	n.rm.ready.Set(1)
+	n.metrics.ready.Set(1)
 	n.rebuild()
 }
 
@@ -176,7 +186,7 @@ func (n *Node) stalled() bool {
 
 // paused refuses Decide at once and has the lifecycle re-sync.
 func (n *Node) paused(gap time.Duration) {
-	n.rm.pauses.Inc()
+	n.metrics.pauses.Inc()
 	n.pauseGen.Add(1)
 	n.log.Warn("cluster: this process was paused; re-syncing counters before answering again", "gap", gap)
 	if n.draining.Load() {
