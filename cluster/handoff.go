@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"slices"
 	"time"
 
 	"github.com/ringlimit/ringlimit/ring"
@@ -131,10 +130,4 @@ func (n *Node) gossipDraining() {
 	if err := n.m.SetFlags(f); err != nil {
 		n.log.Debug("cluster: drain: gossiping the drain", "err", err)
 	}
-}
-
-// ringSameMembers reports whether two rings place keys identically: rings
-// built with one Config from the same members do.
-func ringSameMembers(a, b *ring.Ring) bool {
-	return a == b || slices.Equal(a.Members(), b.Members())
 }

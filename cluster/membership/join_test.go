@@ -14,7 +14,7 @@ func TestMembershipJoinRetriesUntilSeedExists(t *testing.T) {
 	n := newTestNet()
 	seed := n.reserve()
 	b := startNode(t, n, "b", []string{seed})
-	testkit.WaitFor(t, quick, "a failed join attempt", func() bool { return b.JoinError() != nil })
+	testkit.WaitFor(t, quick, "a failed join attempt", func() bool { return b.joinError() != nil })
 	if b.Joined() {
 		t.Fatal("Joined() = true before the seed exists")
 	}
@@ -32,7 +32,7 @@ func TestMembershipJoinRetriesUntilSeedExists(t *testing.T) {
 	}
 	// Joined can turn true while the successful Join call is still
 	// returning (a's state arrived first), so poll the recorded error.
-	testkit.WaitFor(t, quick, "JoinError to clear", func() bool { return b.JoinError() == nil })
+	testkit.WaitFor(t, quick, "joinError to clear", func() bool { return b.joinError() == nil })
 }
 
 func TestMembershipRejoinMergesHealedPartition(t *testing.T) {
@@ -47,8 +47,8 @@ func TestMembershipRejoinMergesHealedPartition(t *testing.T) {
 		c.RejoinInterval = 200 * time.Millisecond
 	})
 	testkit.WaitFor(t, quick, "b to join itself", b.Joined)
-	if a.NumMembers() != 1 || b.NumMembers() != 1 {
-		t.Fatalf("split cluster: a sees %d, b sees %d", a.NumMembers(), b.NumMembers())
+	if a.numMembers() != 1 || b.numMembers() != 1 {
+		t.Fatalf("split cluster: a sees %d, b sees %d", a.numMembers(), b.numMembers())
 	}
 	n.heal()
 	for _, o := range []*testNode{a, b} {
@@ -86,9 +86,9 @@ func TestMembershipSecretKey(t *testing.T) {
 				}
 				return
 			}
-			testkit.WaitFor(t, quick, "b's join to fail", func() bool { return b.JoinError() != nil })
-			if b.Joined() || a.NumMembers() != 1 || b.NumMembers() != 1 {
-				t.Fatalf("mismatched keys joined: b.Joined=%v a sees %d b sees %d", b.Joined(), a.NumMembers(), b.NumMembers())
+			testkit.WaitFor(t, quick, "b's join to fail", func() bool { return b.joinError() != nil })
+			if b.Joined() || a.numMembers() != 1 || b.numMembers() != 1 {
+				t.Fatalf("mismatched keys joined: b.Joined=%v a sees %d b sees %d", b.Joined(), a.numMembers(), b.numMembers())
 			}
 			// The warning follows the published error: wait for it, then
 			// check it came once.
@@ -96,7 +96,7 @@ func TestMembershipSecretKey(t *testing.T) {
 			if n := b.logs.Count(slog.LevelWarn, "join failed"); n != 1 {
 				t.Errorf("join failure reported %d times at warn level, want once", n)
 			}
-			t.Logf("reported: %v", b.JoinError())
+			t.Logf("reported: %v", b.joinError())
 		})
 	}
 }
@@ -115,9 +115,9 @@ func TestMembershipLabelKeepsClustersApart(t *testing.T) {
 	none := startNode(t, n, "d", []string{a.Self().Addr})
 	testkit.WaitFor(t, quick, "b to join a", func() bool { return hasIDs(a.Alive(), "a", "b") && same.Joined() })
 	for _, o := range []*testNode{other, none} {
-		testkit.WaitFor(t, quick, o.Self().ID+"'s join to fail", func() bool { return o.JoinError() != nil })
-		if o.Joined() || o.NumMembers() != 1 {
-			t.Errorf("%s (another label) joined: Joined=%v NumMembers=%d", o.Self().ID, o.Joined(), o.NumMembers())
+		testkit.WaitFor(t, quick, o.Self().ID+"'s join to fail", func() bool { return o.joinError() != nil })
+		if o.Joined() || o.numMembers() != 1 {
+			t.Errorf("%s (another label) joined: Joined=%v numMembers=%d", o.Self().ID, o.Joined(), o.numMembers())
 		}
 	}
 	if got := a.Alive(); len(got) != 2 {

@@ -62,7 +62,7 @@ type row struct {
 }
 
 // New validates cfg, starts memberlist and returns at once; joining
-// Join happens in the background with backoff (see Joined and JoinError).
+// Join happens in the background with backoff (see Joined and joinError).
 //
 // onChange, if not nil, is called from a single goroutine owned by the
 // Membership: first with just Self, then with Alive whenever the alive set
@@ -225,15 +225,15 @@ func (m *Membership) All() []Member {
 // it, or from the start when Join is empty.
 func (m *Membership) Joined() bool { return m.joined.Load() }
 
-// JoinError returns the error of the latest join attempt, or nil if it
+// joinError returns the error of the latest join attempt, or nil if it
 // succeeded or none has finished yet.
-func (m *Membership) JoinError() error {
+func (m *Membership) joinError() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.joinErr
 }
 
-// NumMembers returns how many memberlist processes (self included) are alive
+// numMembers returns how many memberlist processes (self included) are alive
 // or suspect. It can exceed len(Alive()) while a restarted ID's old process is
 // still being detected, or when a node's metadata does not decode.
-func (m *Membership) NumMembers() int { return m.ml.NumMembers() }
+func (m *Membership) numMembers() int { return m.ml.NumMembers() }

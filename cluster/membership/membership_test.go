@@ -36,8 +36,8 @@ func TestMembershipThreeNodesRealNetwork(t *testing.T) {
 		testkit.WaitFor(t, quick, n.Self().ID+" onChange with 3", func() bool {
 			return slices.Equal(n.rec.last(), want)
 		})
-		if !n.Joined() || n.NumMembers() != 3 || n.JoinError() != nil {
-			t.Errorf("%s: Joined=%v NumMembers=%d JoinError=%v", n.Self().ID, n.Joined(), n.NumMembers(), n.JoinError())
+		if !n.Joined() || n.numMembers() != 3 || n.joinError() != nil {
+			t.Errorf("%s: Joined=%v numMembers=%d joinError=%v", n.Self().ID, n.Joined(), n.numMembers(), n.joinError())
 		}
 		if first := n.rec.snapshot()[0]; !slices.Equal(first, []Member{n.Self()}) {
 			t.Errorf("%s: first onChange = %+v, want just self", n.Self().ID, first)
@@ -216,8 +216,8 @@ func TestMembershipRestartSameID(t *testing.T) {
 	testkit.WaitFor(t, detect, "the old b to be declared dead", func() bool {
 		return stateOf(a, old.Name) == MemberDead
 	})
-	if !hasIDs(a.Alive(), "a", "b", "c") || a.NumMembers() != 3 {
-		t.Fatalf("after the old b died: Alive %v, NumMembers %d", idsOf(a.Alive()), a.NumMembers())
+	if !hasIDs(a.Alive(), "a", "b", "c") || a.numMembers() != 3 {
+		t.Fatalf("after the old b died: Alive %v, numMembers %d", idsOf(a.Alive()), a.numMembers())
 	}
 }
 
@@ -225,8 +225,8 @@ func TestMembershipLifecycle(t *testing.T) {
 	t.Parallel()
 	n := newTestNet()
 	a := startNode(t, n, "a", nil)
-	if !a.Joined() || a.NumMembers() != 1 || !hasIDs(a.Alive(), "a") {
-		t.Fatalf("lone node: Joined=%v NumMembers=%d Alive=%v", a.Joined(), a.NumMembers(), idsOf(a.Alive()))
+	if !a.Joined() || a.numMembers() != 1 || !hasIDs(a.Alive(), "a") {
+		t.Fatalf("lone node: Joined=%v numMembers=%d Alive=%v", a.Joined(), a.numMembers(), idsOf(a.Alive()))
 	}
 	if err := a.Leave(time.Second); err != nil { // nobody to tell
 		t.Fatalf("lone Leave: %v", err)
@@ -240,7 +240,7 @@ func TestMembershipLifecycle(t *testing.T) {
 	// Leave and Close racing never panic, whatever wins.
 	b := startNode(t, n, "b", nil)
 	c := startNode(t, n, "c", []string{b.Self().Addr})
-	testkit.WaitFor(t, quick, "b and c to meet", func() bool { return b.NumMembers() == 2 })
+	testkit.WaitFor(t, quick, "b and c to meet", func() bool { return b.numMembers() == 2 })
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = c.Leave(time.Second) })
 	wg.Go(func() { _ = c.Close() })

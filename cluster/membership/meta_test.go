@@ -140,10 +140,9 @@ func FuzzMeta(f *testing.F) {
 }
 
 // The member table forgets what it should: a node that had undecodable
-// metadata once is no longer remembered for it when it is gone (it was kept
-// for good, growing with churn), and a node dead for longer than
-// forgetGone leaves All even when no event arrives after it (a quiet
-// cluster).
+// metadata once is no longer remembered for it when it is gone (the table
+// must not grow with churn), and a node dead for longer than forgetGone
+// leaves All even when no event arrives after it (a quiet cluster).
 func TestMembershipObserveForgets(t *testing.T) {
 	m := &Membership{name: "self", nodes: map[string]*row{}, badMeta: map[string]struct{}{},
 		changed: make(chan struct{}, 1), logger: slog.New(slog.DiscardHandler)}
@@ -207,7 +206,7 @@ func TestMembershipIgnoresUndecodableMetadata(t *testing.T) {
 	if _, err := stranger.Join([]string{a.Self().Addr}); err != nil {
 		t.Fatal(err)
 	}
-	testkit.WaitFor(t, quick, "a to count the stranger", func() bool { return a.NumMembers() == 2 })
+	testkit.WaitFor(t, quick, "a to count the stranger", func() bool { return a.numMembers() == 2 })
 	if got := a.Alive(); !hasIDs(got, "a") || len(a.All()) != 1 {
 		t.Fatalf("Alive() = %v, All() = %+v; want only a", idsOf(got), a.All())
 	}
