@@ -242,10 +242,6 @@ func (n *Node) beginJoinRelay() bool {
 	return true
 }
 
-// settledPeer reports whether m is where a join relay may send a key: a
-// ready member that neither relays itself nor drains.
-func settledPeer(m membership.Member) bool { return m.Ready && !m.Relaying && !m.Draining }
-
 // joinRelayLoop ends each join relay JoinRelay after it began. It returns
 // when the node closes.
 func (n *Node) joinRelayLoop() {

@@ -169,6 +169,10 @@ func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
 	return s[i], s[i] == n.self, true
 }
 
+// settledPeer reports whether m is where a join relay may send a key: a
+// ready member that neither relays itself nor drains.
+func settledPeer(m membership.Member) bool { return m.Ready && !m.Relaying && !m.Draining }
+
 // ringSameMembers reports whether two rings place keys identically: rings
 // built with one Config from the same members do.
 func ringSameMembers(a, b *ring.Ring) bool {

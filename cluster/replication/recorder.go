@@ -40,7 +40,8 @@ func NewRecorder(store Store, record bool) *Recorder {
 }
 
 // Remember implements transport.AnswerCache. Answers far below their
-// limit are not kept: a fallback from a lower count cannot allow such a key past it.
+// limit are not kept: a fallback from a lower count cannot allow such a key
+// past it.
 func (s *Recorder) Remember(now int64, op *bucket.Op, r bucket.Result) {
 	if s.shadow == nil || (!r.Over && r.Remaining > r.Count) || op.Limit.Unit <= 0 ||
 		op.Limit.Algorithm != bucket.FixedWindow {
@@ -61,9 +62,9 @@ func (s *Recorder) Remember(now int64, op *bucket.Op, r bucket.Result) {
 	s.shadow.Merge(now, op.Key, bucket.State{Algorithm: op.Limit.Algorithm, Window: end - unit, Unit: unit, Count: count})
 }
 
-// OverUntil implements transport.AnswerCache: a fixed-window key whose owner last
-// answered a count over op's limit stays over until that window ends, so
-// it is answered here without a forward (the owner is the one that said
+// OverUntil implements transport.AnswerCache: a fixed-window key whose
+// owner last answered a count over op's limit stays over until that window
+// ends, so it is answered here without a forward (the owner is the one that said
 // so: every entry node that asks learns the same). The answer reports the
 // hits as if counted; the owner does not see them, which only lowers the
 // count it reports beyond the limit.
@@ -119,8 +120,8 @@ func (s *Recorder) ApplyInstead(now int64, op *bucket.Op) bucket.Result {
 	return s.Apply(now, op)
 }
 
-// Apply implements transport.Applier. It allocates nothing once the log's buffers
-// have grown to their steady-state size.
+// Apply implements transport.Applier. It allocates nothing once the log's
+// buffers have grown to their steady-state size.
 func (s *Recorder) Apply(now int64, op *bucket.Op) bucket.Result {
 	r, st, wrote := s.store.ApplyState(now, op)
 	if wrote && s.log != nil {

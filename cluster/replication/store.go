@@ -5,8 +5,8 @@ import (
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 )
 
-// Store is what replication needs of a node's counter store. *bucket.Store implements
-// it. It must be safe for concurrent use.
+// Store is what replication needs of a node's counter store. *bucket.Store
+// implements it. It must be safe for concurrent use.
 type Store interface {
 	// ApplyState decides op at now and reports the state it wrote, if any
 	// (see bucket.Store.ApplyState). It must not retain op.

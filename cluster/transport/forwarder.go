@@ -124,7 +124,7 @@ type Forwarder struct {
 	peers atomic.Pointer[map[string]*peerClient]
 
 	// graceUntil is f.mono() until which failures are not held against
-	// peers: they were this process's own freeze (see forgive).
+	// peers: they were this process's own freeze (see Forgive).
 	graceUntil atomic.Int64
 	// streamMaxAge is how long the peer server keeps a DecideStream or
 	// ReplicateStream open, in ns (wire.StreamMaxAge; tests shorten it).

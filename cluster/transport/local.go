@@ -11,10 +11,10 @@ type Applier interface {
 }
 
 // AnswerCache is implemented by a Local that remembers what owners
-// answered (a node's recording store): a key decided here instead of at its owner (a
-// fallback, or a replica standing in) then continues from at least the
-// owner's last answered count rather than from this node's own, which may
-// be zero. Without it, an owner answering late under load lets entry nodes
+// answered (a node's recording store): a key decided here instead of at its
+// owner (a fallback, or a replica standing in) then continues from at least
+// the owner's last answered count rather than from this node's own, which
+// may be zero. Without it, an owner answering late under load lets entry nodes
 // allow exhausted keys again.
 type AnswerCache interface {
 	// Remember notes the owner's answer r to op, decided at now.

@@ -1,8 +1,8 @@
 package transport
 
 // Policy is what the peer server asks the node it serves before it decides
-// a batch. A Node implements it; nil in ForwarderConfig means a node that
-// always serves and never relays.
+// a batch. A cluster.Node implements it; nil in ForwarderConfig means a
+// node that always serves and never relays.
 type Policy interface {
 	// Serving reports whether the peer server answers Decide and Ping now.
 	// False refuses them with codes.Unavailable (the node re-syncs its
