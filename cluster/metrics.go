@@ -37,19 +37,6 @@ func (m nodeMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.members, m.rebuilds, m.pauses, m.ready}
 }
 
-// registerAll registers every collector on reg, or none of them.
-func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return err
-		}
-	}
-	return nil
-}
-
 // undoRegisterer registers on reg and remembers what it registered, so that
 // a NewNode that fails after its packages registered their metrics can take
 // them all back and be retried on the same registry.

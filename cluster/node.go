@@ -14,6 +14,7 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/promreg"
 	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/replication"
 	"github.com/ringlimit/ringlimit/cluster/transport"
@@ -65,7 +66,8 @@ type NodeConfig struct {
 	Timeout     time.Duration
 	SuspectFor  time.Duration
 	MaxBatch    int
-	// Registerer receives the cluster metrics; nil registers nowhere.
+	// Registerer receives the node's metrics and those of its forwarder and
+	// replication, all or none; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 
@@ -205,7 +207,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	var reg *undoRegisterer // takes back every package's metrics if NewNode fails
 	if cfg.Registerer != nil {
 		reg = &undoRegisterer{reg: cfg.Registerer}
-		if err := registerAll(reg, n.metrics.collectors()...); err != nil {
+		if err := promreg.RegisterAll(reg, n.metrics.collectors()...); err != nil {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
 	}

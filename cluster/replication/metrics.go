@@ -4,6 +4,8 @@ import (
 	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/cluster/internal/promreg"
 )
 
 // metrics are the replication, handoff and sync metrics.
@@ -82,14 +84,8 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	if reg == nil {
 		return nil
 	}
-	cs := m.collectors()
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return fmt.Errorf("replication: register metrics: %w", err)
-		}
+	if err := promreg.RegisterAll(reg, m.collectors()...); err != nil {
+		return fmt.Errorf("replication: register metrics: %w", err)
 	}
 	return nil
 }

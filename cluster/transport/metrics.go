@@ -5,6 +5,8 @@ import (
 	"math/bits"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/cluster/internal/promreg"
 )
 
 // fwdMetrics are the forwarder's Prometheus metrics. The fallback children
@@ -83,21 +85,8 @@ func (m fwdMetrics) register(r prometheus.Registerer) error {
 	if r == nil {
 		return nil
 	}
-	if err := registerAll(r, m.collectors()...); err != nil {
+	if err := promreg.RegisterAll(r, m.collectors()...); err != nil {
 		return fmt.Errorf("transport: forwarder: register metrics: %w", err)
-	}
-	return nil
-}
-
-// registerAll registers every collector on reg, or none of them.
-func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return err
-		}
 	}
 	return nil
 }

@@ -269,6 +269,46 @@ func TestPeerMTLS(t *testing.T) {
 	}
 }
 
+// A node without peer mTLS admits the peer calls of its members' IPs only
+// (the gate itself is tested in cluster/transport).
+func TestPeerMemberIPs(t *testing.T) {
+	leakCheck(t)
+	// A client bound to 127.0.0.2 is not a member; 127.0.0.1 is.
+	probe, err := net.Listen("tcp", "127.0.0.2:0")
+	if err != nil {
+		t.Skipf("cannot bind 127.0.0.2: %v", err)
+	}
+	probe.Close()
+	f, err := newTLSFiles(&serveConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	members := fakeMembers{{ID: "a", GRPCAddr: "127.0.0.1:8081", Addr: "127.0.0.1:7946", State: membership.MemberAlive}}
+	addr := gatedServer(t, f, members)
+	from := func(ip string) grpc.DialOption {
+		d := &net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+		return grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+			return d.DialContext(ctx, "tcp", a)
+		})
+	}
+	plain := grpc.WithTransportCredentials(insecure.NewCredentials())
+	tests := []struct {
+		from     string
+		wantPing codes.Code
+	}{
+		{"127.0.0.1", codes.OK},
+		{"127.0.0.2", codes.PermissionDenied},
+	}
+	for _, tt := range tests {
+		t.Run(tt.from, func(t *testing.T) {
+			ping, rls := calls(t, addr, plain, from(tt.from))
+			if status.Code(ping) != tt.wantPing || rls != nil {
+				t.Fatalf("ping %v, rls %v: want %v, OK", ping, rls, tt.wantPing)
+			}
+		})
+	}
+}
+
 // memberIP admits the host of a member's gRPC or gossip address, and no
 // other IP (transport's gate tests show what the gate does with it).
 func TestMemberIP(t *testing.T) {
