@@ -1,5 +1,6 @@
 // Package promreg registers Prometheus collectors all or nothing, for the
-// cluster packages that each register their own metrics. It keeps no state.
+// cluster packages that each register their own metrics. It keeps no state:
+// RegisterAll is as safe for concurrent use as the Registerer it is given.
 package promreg
 
 import "github.com/prometheus/client_golang/prometheus"
