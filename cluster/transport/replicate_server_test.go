@@ -154,3 +154,35 @@ func TestReplicateStreamTooOld(t *testing.T) {
 		t.Errorf("%d batches merged, want 0", batches)
 	}
 }
+
+// A receiver whose stream has reached its age merges the batch, answers
+// with last set and ends the stream; the sender's next batch goes on a new
+// stream (as the replicator's sender does).
+func TestReplicateStreamRenewal(t *testing.T) {
+	rec := &replRecorder{got: map[string]bucket.State{}}
+	f, client, opened := replStreamServer(t, rec)
+	f.streamMaxAge.Store(0) // every answer ends its stream
+	for i := range 2 {
+		stream, err := client.ReplicateStream(t.Context())
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := &peerpb.Entry{Key: []byte("k"), WindowNs: replWindow(), UnitNs: int64(dayUnit), Count: uint64(i + 1)}
+		if err := stream.Send(&peerpb.ReplicateRequest{From: "a", Entries: []*peerpb.Entry{e}}); err != nil {
+			t.Fatal(err)
+		}
+		resp, err := stream.Recv()
+		if err != nil || codes.Code(resp.GetCode()) != codes.OK || !resp.GetLast() || resp.GetMerged() != 1 {
+			t.Fatalf("batch %d: answer %v, %v; want OK, last, one merged", i+1, resp, err)
+		}
+		if _, err := stream.Recv(); !errors.Is(err, io.EOF) {
+			t.Fatalf("batch %d: Recv after last: %v, want EOF", i+1, err)
+		}
+	}
+	if st, batches := rec.state("k"); batches != 2 || st.Count != 2 {
+		t.Errorf("receiver merged %d batches, k = %+v; want 2 and count 2", batches, st)
+	}
+	if got := opened.Load(); got != 2 {
+		t.Errorf("%d streams opened, want 2", got)
+	}
+}
