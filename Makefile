@@ -29,11 +29,11 @@ test: lint
 # The testing.AllocsPerRun tests (every Test*Alloc*), without the race
 # detector: the hot path allocates nothing beyond gRPC's own messages.
 allocs:
-	$(GO) test -count=1 -run 'Alloc' ./bucket/ ./ring/ ./rls/ ./cluster/
+	$(GO) test -count=1 -run 'Alloc' ./bucket/ ./ring/ ./rls/ ./cluster/...
 
 # Every fuzz target for a bounded number of inputs (a count, not a time:
 # go1.26's -fuzztime with a duration can fail spuriously, golang/go#75804).
-FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster:FuzzMshipMeta cluster:FuzzPeerDecode
+FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster/membership:FuzzMeta cluster/transport:FuzzPeerDecode
 FUZZ_N ?= 3000x
 fuzz-short:
 	@set -e; n=0; for t in $(FUZZ_TARGETS); do \

@@ -2,38 +2,43 @@ package cluster
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
 // handoffTestNode is node "a" alone, holding key at count 7, with its
-// handoff loop running and peer "b" served by the fake b. move makes b
-// join the ring, which moves key to b, and waits until the loop has read
-// the ring it started from.
-func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, key []byte, move func()) {
+// handoff loop running and peer "b" served by the fake b; reg has its
+// replication metrics. move makes b join the ring, which moves key to b,
+// and waits until the loop has read the ring it started from.
+func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheus.Registry, key []byte, move func()) {
 	t.Helper()
 	clock := func() int64 { return int64(30 * time.Minute) }
 	st := bucket.NewStore(bucket.StoreConfig{})
-	n = &Node{self: "a", replicas: 1, clock: clock, log: slog.New(slog.DiscardHandler), store: st,
-		handoffKick: make(chan struct{}, 1), rm: newReplMetrics()}
-	n.rec = recordingStore{store: st}
-	fwd, err := NewForwarder(ForwarderConfig{Self: "a", Local: n.rec, Owners: n})
+	n = &Node{self: "a", replicas: 1, clock: clock, log: slog.New(slog.DiscardHandler),
+		handoffKick: make(chan struct{}, 1)}
+	n.rec = replication.NewRecorder(st, false)
+	reg = prometheus.NewRegistry()
+	repl, err := replication.New(replication.Config{
+		Self: "a", Replicas: 1, Recorder: n.rec, Clock: clock, SyncTimeout: time.Second,
+		Ring: func() *ring.Ring { return n.view.Load().ring }, Conns: fakeConns{"b": b}, Registerer: reg,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
-	n.fwd = fwd
+	n.repl = repl
 	n.ctx, n.cancel = context.WithCancel(context.Background())
 	alone, err := ring.New([]string{"a"}, ring.Config{})
 	if err != nil {
@@ -52,39 +57,39 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, key []byte, mo
 	op := bucket.Op{Key: key, Limit: bucket.Limit{Requests: 100, Unit: int64(time.Hour)}, Hits: 7}
 	st.Apply(clock(), &op)
 
-	peers := map[string]*peerClient{"b": {client: b}}
-	n.fwd.peers.Store(&peers)
 	n.wg.Add(1)
 	go n.handoffLoop()
 	t.Cleanup(func() {
 		n.cancel()
 		n.wg.Wait()
-		none := map[string]*peerClient{} // b's client is a fake: nothing to close
-		n.fwd.peers.Store(&none)
-		n.fwd.Close()
+		n.repl.Close()
 	})
 	// The loop has read the ring it starts from once it took a kick.
 	n.handoffKick <- struct{}{}
-	fwdWaitFor(t, fwdWait, "the handoff loop to start", func() bool { return len(n.handoffKick) == 0 })
-	return n, key, func() {
+	testkit.WaitFor(t, quick, "the handoff loop to start", func() bool { return len(n.handoffKick) == 0 })
+	return n, reg, key, func() {
 		n.view.Store(&view{ring: both, targets: both})
 		n.handoffKick <- struct{}{}
 	}
 }
 
+// fakeConns maps peer IDs to their clients.
+type fakeConns map[string]peerpb.PeerClient
+
+func (c fakeConns) Client(id string) peerpb.PeerClient { return c[id] }
+
 // A handoff that fails to reach the key's new owner is run again, without
-// another ring change, until the owner has the count: before, the loop moved
-// on to the new ring and the key was never pushed again, so the new owner
-// started it from zero.
+// another ring change, until the owner has the count: otherwise the key
+// would never be pushed again, and the new owner would start it from zero.
 func TestHandoffRetriesAFailedPush(t *testing.T) {
-	b := &replFakePeer{failFirst: 1, got: map[string]bucket.State{}} // the first push fails
-	n, key, move := handoffTestNode(t, b)
+	b := testkit.NewReplicaPeer(1, false) // the first push fails
+	_, reg, key, move := handoffTestNode(t, b)
 	move()
-	fwdWaitFor(t, fwdWait, "the new owner to get the count", func() bool {
-		got, _ := b.state(string(key))
+	testkit.WaitFor(t, quick, "the new owner to get the count", func() bool {
+		got, _ := b.State(string(key))
 		return got.Count == 7
 	})
-	if got := testCounterValue(t, n.rm.handoffFailures); got != 1 {
+	if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 1 {
 		t.Errorf("%v failed handoffs counted, want 1", got)
 	}
 }
@@ -105,314 +110,18 @@ func (p *refusingPeer) Replicate(context.Context, *peerpb.ReplicateRequest, ...g
 // retry would scan the store and push to every peer again.
 func TestHandoffDoesNotRetryARefusal(t *testing.T) {
 	b := &refusingPeer{}
-	n, _, move := handoffTestNode(t, b)
+	n, reg, _, move := handoffTestNode(t, b)
 	move()
-	fwdWaitFor(t, fwdWait, "the refusal", func() bool { return testCounterValue(t, n.rm.drop[replDropRefused]) == 1 })
+	// Only the refusal drops writes here: without replicas nothing else is
+	// sent.
+	testkit.WaitFor(t, quick, "the refusal", func() bool { return nodeMetric(t, reg, "ringlimit_replication_dropped_total") == 1 })
 	// The loop is done with that handoff once it takes the next kick.
 	n.handoffKick <- struct{}{}
-	fwdWaitFor(t, fwdWait, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
-	if got := testCounterValue(t, n.rm.handoffFailures); got != 0 {
+	testkit.WaitFor(t, quick, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
+	if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 0 {
 		t.Errorf("%v failed handoffs counted, want 0: a refusal is final", got)
 	}
 	if got := b.calls.Load(); got != 1 {
 		t.Errorf("%d pushes to the refusing peer, want 1", got)
 	}
-}
-
-// TestNodeLeavingNodeRelays: once a leaving node has handed its counters
-// off, the ops it is still sent are decided by the key's new owner, so the
-// key is counted on one node while the leave spreads. Hits sent to it by a
-// peer that has not seen the leave, sent by the new owner (whose ring
-// still names it), and sent to it by its own Envoys all count once, on the
-// new owner. A relayed batch is never relayed again, even by a node that
-// is leaving too.
-func TestNodeLeavingNodeRelays(t *testing.T) {
-	nodes := nodeCluster(t, []string{"a", "b", "c"}, nil)
-	c := nodes[2]
-	key := ""
-	for i := 0; key == ""; i++ {
-		if k := fmt.Sprintf("relay-%d", i); nodeSuccessors(nodes[0], k, 1)[0] == "c" {
-			key = k
-		}
-	}
-	next := nodeByID(nodes, nodeSuccessors(nodes[0], key, 2)[1]) // takes the key over
-	other := nodes[0]
-	if other == next {
-		other = nodes[1]
-	}
-	nodeHit(t, other, key, 5) // decided by c
-	if err := c.node.handOff(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	if got := nodeCount(next, key); got != 5 {
-		t.Fatalf("after the hand-off the new owner holds %d, want 5", got)
-	}
-	// other and next have not seen c leave and send the key to c; a peer
-	// that has seen it sends it to next, whose peer server applies it
-	// (seen: next's store applies the op directly).
-	seen := func() bucket.Result {
-		op := nodeDayOp(key)
-		return next.node.rec.Apply(time.Now().UnixNano(), &op)
-	}
-	for i := range 6 {
-		var r bucket.Result
-		via := []string{other.id, next.id, "a peer that saw the leave", c.id}[i%4]
-		switch i % 4 {
-		case 0:
-			r = nodeHit(t, other, key, 1)
-		case 1:
-			r = nodeHit(t, next, key, 1)
-		case 2:
-			r = seen()
-		case 3:
-			r = nodeHit(t, c, key, 1)
-		}
-		if r.Count != uint64(6+i) {
-			t.Fatalf("hit %d via %s: count %d, want %d (one counter, at %s)", i+1, via, r.Count, 6+i, next.id)
-		}
-	}
-	if n := nodeMetric(t, c.reg, "ringlimit_relayed_ops_total"); n < 4 {
-		t.Errorf("relayed ops %v, want at least the 4 its peers sent", n)
-	}
-	// The new owner starts leaving too, before either has seen the other
-	// leave: c relays to it, and it applies the relayed batch instead of
-	// sending it back; its own entry ops go to c unrelayed, which relays
-	// them back to it. One counter still.
-	if err := next.node.handOff(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	for i, via := range []*nodeTestNode{other, next, other, next} {
-		if r := nodeHit(t, via, key, 1); r.Count != uint64(12+i) {
-			t.Fatalf("hit %d via %s with two nodes leaving: count %d, want %d", i+1, via.id, r.Count, 12+i)
-		}
-	}
-	if fb := nodeMetric(t, c.reg, "ringlimit_local_fallbacks_total"); fb != 0 {
-		t.Errorf("%v local fallbacks on the leaving node, want 0", fb)
-	}
-}
-
-// TestNodeJoiningNodeRelays: a node that has just gone ready relays the ops
-// it is sent to the keys' previous owners until its join relay ends, so
-// that while its peers add it to their rings one by one (some sending a key
-// to it, some still to the previous owner), the key is counted on one
-// counter; then it decides its keys itself, from the count the previous
-// owner replicated to it.
-func TestNodeJoiningNodeRelays(t *testing.T) {
-	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
-	c := joiners[0]
-	if !c.node.fwd.relaying.Load() {
-		t.Fatal("c does not relay after going ready")
-	}
-	key := ""
-	for i := 0; key == ""; i++ {
-		if k := fmt.Sprintf("join-%d", i); nodeSuccessors(c, k, 1)[0] == "c" {
-			key = k
-		}
-	}
-	prevID, _ := c.node.view.Load().relayTo.Owner([]byte(key))
-	prev := nodeByID(nodes, prevID)
-	// A peer that has not seen c ready yet sends the key to prev, whose
-	// peer server applies it: prev's store applies the op directly.
-	notSeen := func() bucket.Result {
-		op := nodeDayOp(key)
-		return prev.node.rec.Apply(time.Now().UnixNano(), &op)
-	}
-	hit := func(i int, via string) bucket.Result {
-		switch via {
-		case "a":
-			return nodeHit(t, nodes[0], key, 1)
-		case "b":
-			return nodeHit(t, nodes[1], key, 1)
-		case "c":
-			return nodeHit(t, c, key, 1)
-		}
-		return notSeen()
-	}
-	vias := []string{"a", "c", "a peer that has not seen c", "b", "c", "a peer that has not seen c"}
-	for i, via := range vias {
-		if r := hit(i, via); r.Count != uint64(i+1) {
-			t.Fatalf("hit %d via %s while c relays: count %d, want %d (one counter, at %s)", i+1, via, r.Count, i+1, prev.id)
-		}
-	}
-	if n := nodeMetric(t, c.reg, "ringlimit_relayed_ops_total"); n < 2 {
-		t.Errorf("c relayed %v ops, want at least the 2 its peers sent", n)
-	}
-	// The relay ends: c decides the key, from the count prev replicated to
-	// it (prev's ring has c as the key's owner).
-	mshipWaitFor(t, mshipQuick, "prev's count to reach c", func() bool { return nodeCount(c, key) == uint64(len(vias)) })
-	c.node.viewMu.Lock()
-	gen := c.node.joinGen
-	c.node.viewMu.Unlock()
-	c.node.endJoinRelay(gen, false)
-	for i, via := range []string{"a", "b", "c"} {
-		want := uint64(len(vias) + i + 1)
-		if r := hit(i, via); r.Count != want {
-			t.Fatalf("hit via %s after the relay: count %d, want %d", via, r.Count, want)
-		}
-		if got := nodeCount(c, key); got != want {
-			t.Fatalf("hit via %s after the relay: c holds %d, want %d (decided at c)", via, got, want)
-		}
-	}
-	if fb := nodeMetric(t, c.reg, "ringlimit_local_fallbacks_total"); fb != 0 {
-		t.Errorf("%v local fallbacks on c, want 0", fb)
-	}
-}
-
-// TestNodeTwoJoiningNodesRelay: two nodes that join at once both relay to
-// the owners on the ring of the members that do not relay (the gossiped
-// Relaying flag), not each to the other, so a key still has one counter.
-func TestNodeTwoJoiningNodesRelay(t *testing.T) {
-	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c", "d"})
-	c, d := joiners[0], joiners[1]
-	// A key of c whose owner on d's relay ring is not d: c and d relay
-	// it to the same previous owner.
-	key := ""
-	for i := 0; key == ""; i++ {
-		k := fmt.Sprintf("join2-%d", i)
-		if nodeSuccessors(c, k, 1)[0] == "c" {
-			key = k
-		}
-	}
-	prevID, _ := c.node.view.Load().relayTo.Owner([]byte(key))
-	if dPrev, _ := d.node.view.Load().relayTo.Owner([]byte(key)); dPrev != prevID || (prevID != "a" && prevID != "b") {
-		t.Fatalf("c relays %s to %s, d to %s: want one of a and b, the same", key, prevID, dPrev)
-	}
-	for i, via := range []*nodeTestNode{c, d, nodes[0], nodes[1], d, c} {
-		if r := nodeHit(t, via, key, 1); r.Count != uint64(i+1) {
-			t.Fatalf("hit %d via %s with c and d relaying: count %d, want %d (one counter, at %s)", i+1, via.id, r.Count, i+1, prevID)
-		}
-	}
-	// c's relay ends while d's goes on: c decides its key, from the count
-	// replicated to it, and d (which does not own the key) sends it there.
-	mshipWaitFor(t, mshipQuick, "the count to reach c", func() bool { return nodeCount(c, key) == 6 })
-	c.node.viewMu.Lock()
-	gen := c.node.joinGen
-	c.node.viewMu.Unlock()
-	c.node.endJoinRelay(gen, false)
-	for i, via := range []*nodeTestNode{d, c, nodes[0], d, nodes[1]} {
-		want := uint64(7 + i)
-		if r := nodeHit(t, via, key, 1); r.Count != want || nodeCount(c, key) != want {
-			t.Fatalf("hit via %s after c's relay ended: count %d, c holds %d; want %d at c", via.id, r.Count, nodeCount(c, key), want)
-		}
-	}
-}
-
-// TestNodeDrainDuringJoinRelay: a node that drains while another relays
-// after joining gossips that it drains, and the joining node ends its relay
-// at once: the draining node relays to it and pushes it its counts, so the
-// joining node decides its keys from then on, on one counter.
-func TestNodeDrainDuringJoinRelay(t *testing.T) {
-	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b", "c"}, []string{"d"})
-	d := joiners[0]
-	b := nodes[1]
-	// A key of d's that d relays to b, its previous owner.
-	key := ""
-	for i := 0; key == ""; i++ {
-		k := fmt.Sprintf("drainjoin-%d", i)
-		if o, _ := d.node.view.Load().relayTo.Owner([]byte(k)); o == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
-			key = k
-		}
-	}
-	for i := range 3 {
-		if r := nodeHit(t, d, key, 1); r.Count != uint64(i+1) || nodeCount(b, key) != uint64(i+1) {
-			t.Fatalf("hit %d via d while it relays: count %d, b holds %d", i+1, r.Count, nodeCount(b, key))
-		}
-	}
-	if err := b.node.handOff(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	mshipWaitFor(t, mshipQuick, "d to end its relay", func() bool { return !d.node.fwd.relaying.Load() })
-	// d's Envoys, a peer that has not seen d (it sends the key to b, which
-	// relays it), a peer that has (to d), one that has seen b drain: all
-	// at d, from the count b pushed.
-	counts := []uint64{nodeHit(t, d, key, 1).Count, nodeDecide(t, b, key), nodeDecide(t, d, key), nodeHit(t, nodes[0], key, 1).Count, nodeDecide(t, b, key)}
-	if !slices.Equal(counts, []uint64{4, 5, 6, 7, 8}) || nodeCount(d, key) != 8 {
-		t.Fatalf("counts via d, b, d, a, b: %v, d holds %d; want 4 to 8, at d", counts, nodeCount(d, key))
-	}
-}
-
-// TestNodeJoinRelayForwardsOthersKeys: a node in its join relay that is
-// sent a key it does not own (the sender has seen it join but not a second
-// node that joined meanwhile and owns the key) forwards it unmarked, so the
-// key's new owner relays it to the previous owner with its own ops, rather
-// than applying it beside them.
-func TestNodeJoinRelayForwardsOthersKeys(t *testing.T) {
-	_, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c", "d"})
-	c, d := joiners[0], joiners[1]
-	abc, err := ring.New([]string{"a", "b", "c"}, c.node.ringCfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	key := ""
-	for i := 0; key == ""; i++ {
-		k := fmt.Sprintf("joinfwd-%d", i)
-		if o, _ := abc.Owner([]byte(k)); o == "c" && nodeSuccessors(d, k, 1)[0] == "d" {
-			key = k
-		}
-	}
-	prev, _ := d.node.view.Load().relayTo.Owner([]byte(key))
-	counts := []uint64{nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count, nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count}
-	if !slices.Equal(counts, []uint64{1, 2, 3, 4}) {
-		t.Fatalf("counts via a peer to c, d's Envoys, a peer to c, d's Envoys: %v, want 1 to 4 (one counter, at %s)", counts, prev)
-	}
-}
-
-// nodeDecide sends one hit on key to n's peer server, as a peer forwarding
-// an op it takes n to own, and returns the count answered.
-func nodeDecide(t *testing.T, n *nodeTestNode, key string) uint64 {
-	t.Helper()
-	resp, err := replDial(t, n).Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{{Key: []byte(key), Requests: 1 << 40, UnitNs: int64(nodeUnit), Hits: 1}}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.GetResults()[0].GetCount()
-}
-
-// nodeJoinRelayCluster starts a cluster of the IDs settled, then the IDs
-// joining, which relay after going ready until the test ends their relays,
-// and waits until every node has all of them in its ring and sees every
-// joining node relay.
-func nodeJoinRelayCluster(t *testing.T, settled, joining []string) (nodes, joiners []*nodeTestNode) {
-	t.Helper()
-	nodes = nodeCluster(t, settled, nil)
-	join := []string{nodes[0].node.Membership().Self().Addr}
-	for _, id := range joining {
-		joiners = append(joiners, nodeStart(t, id, join, func(cfg *NodeConfig) { cfg.JoinRelay = time.Hour }))
-	}
-	ids := slices.Sorted(slices.Values(append(slices.Clone(settled), joining...)))
-	for _, n := range append(slices.Clone(nodes), joiners...) {
-		mshipWaitFor(t, mshipDetect, fmt.Sprintf("%s ready with ring %v, seeing %v relay", n.id, ids, joining), func() bool {
-			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) {
-				return false
-			}
-			relaying := 0
-			for _, m := range n.node.Membership().Alive() {
-				if m.Relaying {
-					relaying++
-				}
-			}
-			return relaying == len(joining)
-		})
-	}
-	return nodes, joiners
-}
-
-// TestNodeDrainCutsLaterJoinRelay: a drain ends the join relay that is
-// current, also when a pause re-sync began it while the loop still waited
-// out an earlier one.
-func TestNodeDrainCutsLaterJoinRelay(t *testing.T) {
-	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
-	c := joiners[0]
-	// A second relay begins, as setReady(true) after a pause re-sync
-	// would begin it: the loop is still waiting on the first's timer.
-	c.node.readyMu.Lock()
-	again := c.node.beginJoinRelay()
-	c.node.readyMu.Unlock()
-	if !again {
-		t.Fatal("the second join relay did not begin")
-	}
-	if err := nodes[1].node.m.SetDraining(); err != nil {
-		t.Fatal(err)
-	}
-	mshipWaitFor(t, mshipQuick, "the drain to end c's relay", func() bool { return !c.node.fwd.relaying.Load() })
 }

@@ -1,36 +1,13 @@
 package cluster
 
 import (
-	"fmt"
-	"os"
 	"testing"
 	"time"
 
-	"go.uber.org/goleak"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 )
 
-// mshipLeakGrace bounds how long TestMain waits for goroutines to finish.
-// memberlist's Shutdown does not join its own goroutines: a probe in flight
-// ends only when its probe interval (scaled by memberlist's health awareness,
-// at most 8 x 1s) runs out, later on a busy machine. Nothing is ignored: a
-// goroutine still running after the grace period fails the package.
-const mshipLeakGrace = 20 * time.Second
-
-// TestMain fails the package if any goroutine outlives the tests.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		deadline := time.Now().Add(mshipLeakGrace)
-		tick := time.NewTicker(50 * time.Millisecond)
-		for err := goleak.Find(); err != nil; err = goleak.Find() {
-			if time.Now().After(deadline) {
-				fmt.Fprintf(os.Stderr, "goleak: goroutines still running %v after the tests: %v\n", mshipLeakGrace, err)
-				code = 1
-				break
-			}
-			<-tick.C
-		}
-		tick.Stop()
-	}
-	os.Exit(code)
-}
+// TestMain fails the package if any goroutine outlives the tests by more
+// than 20 s: memberlist's own goroutines end within a probe interval of
+// Shutdown, later on a busy machine.
+func TestMain(m *testing.M) { testkit.Main(m, 20*time.Second) }

@@ -3,12 +3,9 @@ package cluster
 import (
 	"cmp"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
-	"sort"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -17,6 +14,11 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/promreg"
+	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/replication"
+	"github.com/ringlimit/ringlimit/cluster/transport"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -24,11 +26,11 @@ import (
 // forwarder and how it keeps counts when nodes come and go.
 // Membership.ID is the node's stable identity.
 type NodeConfig struct {
-	Membership MembershipConfig
+	Membership membership.Config
 	// Ring tunes placement; the zero value is ring's defaults.
 	Ring ring.Config
 	// Store is this node's counter store (required).
-	Store Store
+	Store replication.Store
 	// Replicas is how many distinct nodes hold each key: its owner and
 	// Replicas-1 replicas, the key's next successors on the ring. 0 means
 	// DefaultReplicas; 1 disables replication (handoff and sync still
@@ -64,7 +66,8 @@ type NodeConfig struct {
 	Timeout     time.Duration
 	SuspectFor  time.Duration
 	MaxBatch    int
-	// Registerer receives the cluster metrics; nil registers nowhere.
+	// Registerer receives the node's metrics and those of its forwarder and
+	// replication, all or none; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
 
@@ -72,8 +75,16 @@ type NodeConfig struct {
 	monoClock func() time.Duration
 }
 
-// Defaults of NodeConfig.
+// Defaults and bounds of NodeConfig.
 const (
+	// DefaultReplicas is how many distinct nodes hold each key by default:
+	// its owner and one replica.
+	DefaultReplicas = 2
+	// MaxReplicas bounds NodeConfig.Replicas.
+	MaxReplicas = wire.MaxReplicas
+	// DefaultReplicateInterval is how often recorded writes are sent to
+	// the replicas by default: the most an owner crash can lose.
+	DefaultReplicateInterval = replication.DefaultInterval
 	// DefaultSyncTimeout bounds one peer's Sync by default.
 	DefaultSyncTimeout = 1500 * time.Millisecond
 	// DefaultPauseThreshold is the tick gap that means a freeze by default.
@@ -82,25 +93,6 @@ const (
 	// (well under a second on a LAN) with a margin.
 	DefaultJoinRelay = 2 * time.Second
 )
-
-// view is one consistent picture of the cluster: the ring and where each of
-// its members answers. Immutable once published.
-type view struct {
-	ring *ring.Ring
-	// targets places the replicas of this node's writes: ring, or ring
-	// without this node while it drains.
-	targets *ring.Ring
-	// relayTo places the ops this node relays (Forwarder.relaying). For a
-	// draining node it is targets. For a node in its join relay it is the
-	// ring of the peers that were settled when the relay began
-	// (Node.joinSettled) and still are (neither relaying nor draining), so
-	// that two joining nodes send a key to the same previous owner, which
-	// does not change while the relay lasts; ring if there are none. When
-	// this node does not relay it is ring.
-	relayTo *ring.Ring
-	addrs   map[string]string // ID -> gRPC address
-	built   time.Time
-}
 
 // Node is this process's part of a ringlimit cluster: it gossips
 // membership, rebuilds the ring off-lock on every change and publishes it
@@ -115,28 +107,33 @@ type Node struct {
 	replicas int
 	clock    func() int64
 	log      *slog.Logger
-	store    Store
-	rec      recordingStore // the forwarder's Local: store, replication log, answer cache
-	fwd      *Forwarder
-	m        *Membership
-	repl     *replicator // nil when Replicas is 1
+	rec      *replication.Recorder // the forwarder's Local: store, replication log, answer cache
+	fwd      *transport.Forwarder
+	m        *membership.Membership
+	repl     *replication.Replicator
 	view     atomic.Pointer[view]
 	selfAddr string
-	dialOpts []grpc.DialOption
 
-	syncTimeout    time.Duration
 	joinRelay      time.Duration // <= 0: none
 	pauseThreshold time.Duration
 	mono           func() time.Duration
 	lastTick       atomic.Int64  // mono at the pause detector's last look, ns
 	pauseGen       atomic.Uint64 // pauses detected so far (see resync)
 
-	readyMu sync.Mutex // serialises readiness changes (setReady, endJoinRelay); before viewMu
-	viewMu  sync.Mutex // serialises rebuilds
-	alive   []Member   // the membership's last view, under viewMu
+	readyMu sync.Mutex          // serialises changes of readiness and gossiped flags (setReady, endJoinRelay, gossipDraining); before viewMu
+	viewMu  sync.Mutex          // serialises rebuilds
+	alive   []membership.Member // the membership's last view, under viewMu
 
 	ready    atomic.Bool // synced: a member of its own ring
 	draining atomic.Bool
+	// refusing makes the peer server refuse Decide and Ping (the node is
+	// re-syncing its counters after a freeze): see setServing.
+	refusing atomic.Bool
+	// relaying is set while the node leaves the cluster, or has just joined
+	// it (NodeConfig.JoinRelay): Owner then names the owners its keys move
+	// to, or still have (placement), and the peer server relays the batches
+	// it receives to them instead of applying them (see policy).
+	relaying atomic.Bool
 	// joinRelaying is set from going ready until JoinRelay later (see
 	// NodeConfig.JoinRelay); joinGen numbers the times it was set, so that
 	// the end of an earlier one does not end a later one. Both change
@@ -155,9 +152,7 @@ type Node struct {
 	closeOnce   sync.Once
 	closeErr    error
 
-	members  prometheus.Gauge
-	rebuilds prometheus.Counter
-	rm       *replMetrics
+	metrics nodeMetrics
 }
 
 // NewNode starts membership, forwarding and replication. The node is not
@@ -181,9 +176,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		replicas:       cmp.Or(cfg.Replicas, DefaultReplicas),
 		clock:          cfg.Clock,
 		log:            cfg.Logger,
-		store:          cfg.Store,
 		selfAddr:       cfg.Membership.GRPCAddr,
-		syncTimeout:    cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
 		joinRelay:      cmp.Or(cfg.JoinRelay, DefaultJoinRelay),
 		pauseThreshold: cmp.Or(cfg.PauseThreshold, DefaultPauseThreshold),
 		mono:           cfg.monoClock,
@@ -191,13 +184,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		resyncKick:     make(chan struct{}, 1),
 		joinKick:       make(chan uint64, 1),
 		joinCut:        make(chan struct{}, 1),
-		members: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "ringlimit_cluster_members", Help: "Ready cluster members in this node's ring (itself included once ready).",
-		}),
-		rebuilds: prometheus.NewCounter(prometheus.CounterOpts{
-			Name: "ringlimit_ring_rebuilds_total", Help: "Times the hash ring was rebuilt after a membership change.",
-		}),
-		rm: newReplMetrics(),
+		metrics:        newNodeMetrics(),
 	}
 	if n.replicas == 1 {
 		n.joinRelay = 0
@@ -217,63 +204,64 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		return nil, err
 	}
 	n.view.Store(&view{ring: r, targets: r, relayTo: r, addrs: map[string]string{n.self: n.selfAddr}, built: time.Now()})
+	var reg *undoRegisterer // takes back every package's metrics if NewNode fails
 	if cfg.Registerer != nil {
-		if err := registerAll(cfg.Registerer, n.collectors()...); err != nil {
+		reg = &undoRegisterer{reg: cfg.Registerer}
+		if err := promreg.RegisterAll(reg, n.metrics.collectors()...); err != nil {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
 	}
-	var rlog *replLog
-	if n.replicas > 1 {
-		rlog = newReplLog()
-	}
-	n.rec = recordingStore{store: n.store, log: rlog, shadow: bucket.NewStore(bucket.StoreConfig{MaxKeys: shadowMaxKeys, MaxBytes: shadowMaxBytes})}
-	n.fwd, err = NewForwarder(ForwarderConfig{
+	n.rec = replication.NewRecorder(cfg.Store, n.replicas > 1)
+	n.setServing(false) // until synced
+	n.lastTick.Store(int64(n.mono()))
+	n.fwd, err = transport.NewForwarder(transport.ForwarderConfig{
 		Self:        n.self,
 		Local:       n.rec,
 		Owners:      n,
+		Policy:      (*policy)(n),
 		Clock:       n.clock,
 		DialOptions: cfg.DialOptions,
 		MaxBatch:    cfg.MaxBatch,
 		Timeout:     cfg.Timeout,
 		SuspectFor:  cfg.SuspectFor,
-		Registerer:  cfg.Registerer,
+		Registerer:  reg.orNil(),
 		Logger:      cfg.Logger,
 	})
 	if err != nil {
-		n.unregister(cfg.Registerer)
+		reg.undo()
 		return nil, err
 	}
-	n.dialOpts = n.fwd.dialOpts
-	n.fwd.setServing(false) // until synced
-	n.lastTick.Store(int64(n.mono()))
-	n.fwd.stalled = n.stalled
-	n.fwd.marksRelay = n.marksRelay
-	n.ctx, n.cancel = context.WithCancel(context.Background())
-	if rlog != nil {
-		n.repl = &replicator{
-			self:     n.self,
-			replicas: n.replicas,
-			log:      rlog,
-			interval: cmp.Or(cfg.ReplicateInterval, DefaultReplicateInterval),
-			targets:  func() *ring.Ring { return n.view.Load().targets },
-			client:   n.fwd.peerRPC,
-			m:        n.rm,
-			logger:   n.log,
-		}
-		n.repl.start()
+	n.repl, err = replication.New(replication.Config{
+		Self:        n.self,
+		Replicas:    n.replicas,
+		Recorder:    n.rec,
+		Clock:       n.clock,
+		Interval:    cfg.ReplicateInterval,
+		SyncTimeout: cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
+		RingConfig:  n.ringCfg,
+		Ring:        func() *ring.Ring { return n.view.Load().ring },
+		Targets:     func() *ring.Ring { return n.view.Load().targets },
+		Conns:       n.fwd,
+		DialOptions: n.fwd.DialOptions(),
+		Registerer:  reg.orNil(),
+		Logger:      n.log,
+	})
+	if err != nil {
+		n.fwd.Close()
+		reg.undo()
+		return nil, err
 	}
+	n.ctx, n.cancel = context.WithCancel(context.Background())
 	mc := cfg.Membership
 	if mc.Logger == nil {
 		mc.Logger = cfg.Logger
 	}
-	n.m, err = NewMembership(mc, n.onChange)
+	n.m, err = membership.New(mc, n.onChange)
 	if err != nil {
 		n.cancel()
-		if n.repl != nil {
-			n.repl.close()
-		}
+		n.repl.Close()
 		n.fwd.Close()
-		n.unregister(cfg.Registerer)
+		reg.undo()
 		return nil, err
 	}
 	n.wg.Add(3)
@@ -287,182 +275,6 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	return n, nil
 }
 
-// collectors are the node's own metrics; its forwarder registers its own.
-func (n *Node) collectors() []prometheus.Collector {
-	return append([]prometheus.Collector{n.members, n.rebuilds}, n.rm.collectors()...)
-}
-
-// unregister removes the node's metrics, and its forwarder's once there is
-// one, from reg (nil: nothing), so that a NewNode that failed can be
-// retried on the same registry.
-func (n *Node) unregister(reg prometheus.Registerer) {
-	if reg == nil {
-		return
-	}
-	cs := n.collectors()
-	if n.fwd != nil {
-		cs = append(cs, n.fwd.m.collectors()...)
-	}
-	for _, c := range cs {
-		reg.Unregister(c)
-	}
-}
-
-// registerAll registers every collector on reg, or none of them.
-func registerAll(reg prometheus.Registerer, cs ...prometheus.Collector) error {
-	for i, c := range cs {
-		if err := reg.Register(c); err != nil {
-			for _, done := range cs[:i] {
-				reg.Unregister(done)
-			}
-			return err
-		}
-	}
-	return nil
-}
-
-// onChange records the membership's view and rebuilds the ring. It runs on
-// the membership's notifier goroutine, one call at a time.
-func (n *Node) onChange(alive []Member) {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	n.alive = alive
-	n.rebuildLocked()
-}
-
-// rebuild rebuilds the ring from the last membership view, after this
-// node's own readiness changed.
-func (n *Node) rebuild() {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	n.rebuildLocked()
-}
-
-// rebuildLocked builds the ring of the ready alive members (this node when
-// it is ready, per its own flag, which is ahead of its gossip) and publishes
-// it; a changed ring wakes the handoff. n.viewMu is held.
-func (n *Node) rebuildLocked() {
-	var ids, others, settled []string
-	draining, joinRelaying := n.draining.Load(), n.joinRelaying.Load()
-	someDraining := false
-	addrs := map[string]string{n.self: n.selfAddr}
-	for _, m := range n.alive {
-		switch {
-		case m.ID == n.self:
-			if n.ready.Load() {
-				ids = append(ids, m.ID)
-			}
-		case m.Ready:
-			ids = append(ids, m.ID)
-			others = append(others, m.ID)
-			if joinRelaying && settledPeer(m) && n.joinSettled[m.ID] {
-				settled = append(settled, m.ID)
-			}
-			if m.Draining {
-				someDraining = true
-			}
-			addrs[m.ID] = m.GRPCAddr
-		}
-	}
-	r, err := ring.New(ids, n.ringCfg)
-	if err != nil {
-		n.log.Error("ring rebuild failed; keeping the previous ring", "members", ids, "err", err)
-		return
-	}
-	targets, relayTo := r, r
-	if draining && len(others) != len(ids) {
-		if targets, err = ring.New(others, n.ringCfg); err != nil {
-			n.log.Error("ring rebuild failed; keeping the previous ring", "members", others, "err", err)
-			return
-		}
-		relayTo = targets
-	}
-	if !draining && joinRelaying && len(settled) > 0 && len(settled) != len(ids) {
-		if relayTo, err = ring.New(settled, n.ringCfg); err != nil {
-			n.log.Error("ring rebuild failed; keeping the previous ring", "members", settled, "err", err)
-			return
-		}
-	}
-	changed := !ringSameMembers(n.view.Load().ring, r)
-	if changed {
-		// Before the ring is published: no op decides a newly owned key
-		// from a count below what its last owner told this node.
-		n.rec.adopt(n.clock(), func(key []byte) bool {
-			id, ok := r.Owner(key)
-			return ok && id == n.self
-		})
-	}
-	peers := make(map[string]string, len(others))
-	for _, id := range others {
-		peers[id] = addrs[id]
-	}
-	// New members get their clients before the ring routes to them (an op
-	// for a key whose owner has no client is decided here, and the owner
-	// never counts it); members gone lose theirs only after it stops.
-	n.fwd.addPeers(peers)
-	n.view.Store(&view{ring: r, targets: targets, relayTo: relayTo, addrs: addrs, built: time.Now()})
-	if joinRelaying && someDraining {
-		// A draining node relays to the joining ones: the join relay
-		// ends, so that a key is not sent from each to the other.
-		select {
-		case n.joinCut <- struct{}{}:
-		default:
-		}
-	}
-	n.fwd.SetPeers(peers)
-	n.members.Set(float64(len(ids)))
-	if changed {
-		n.rebuilds.Inc()
-		n.log.Info("ring rebuilt", "members", ids)
-		select {
-		case n.handoffKick <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// placement is the ring key's decisions follow in v: the ring, or while
-// this node relays (Forwarder.relaying) the ring of the members that take
-// its keys over (it leaves: every key) or still hold them (it has just
-// joined: the keys it owns on the ring; the others are decided where the
-// ring places them, as the other nodes do).
-func (n *Node) placement(v *view, key []byte) *ring.Ring {
-	if !n.fwd.relaying.Load() {
-		return v.ring
-	}
-	if !n.draining.Load() {
-		if id, ok := v.ring.Owner(key); !ok || id != n.self {
-			return v.ring
-		}
-	}
-	return v.relayTo
-}
-
-// Owner implements Owners from the current ring snapshot, without locks.
-func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
-	v := n.view.Load()
-	id, ok := n.placement(v, key).Owner(key)
-	if !ok || id == n.self {
-		return n.self, v.addrs[n.self], true
-	}
-	return id, v.addrs[id], false
-}
-
-// Holder implements Holders from the current ring snapshot: the i-th of
-// the key's first Replicas distinct successors. It takes no lock and does
-// not allocate.
-func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
-	if i < 0 || i >= n.replicas {
-		return "", false, false
-	}
-	var buf [MaxReplicas]string
-	s := n.placement(n.view.Load(), key).Successors(key, i+1, buf[:0])
-	if len(s) <= i {
-		return "", false, false
-	}
-	return s[i], s[i] == n.self, true
-}
-
 // Apply decides ops at their owners (see Forwarder.Apply).
 func (n *Node) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
 	n.fwd.Apply(ctx, now, ops, results)
@@ -470,7 +282,7 @@ func (n *Node) Apply(ctx context.Context, now int64, ops []bucket.Op, results []
 
 // Register registers the peer service on g (the RLS gRPC server): Decide
 // and Ping, and the Replicate and Sync RPCs this node serves.
-func (n *Node) Register(g *grpc.Server) { n.fwd.register(g, n) }
+func (n *Node) Register(g *grpc.Server) { transport.Register(g, n.fwd, n.repl) }
 
 // Ready reports whether the node has joined its cluster and synced its
 // counters, and is not draining: /healthcheck and gRPC health follow it.
@@ -479,7 +291,7 @@ func (n *Node) Ready() bool {
 }
 
 // Membership returns the node's membership.
-func (n *Node) Membership() *Membership { return n.m }
+func (n *Node) Membership() *membership.Membership { return n.m }
 
 // Leave announces a graceful leave to the cluster without handing off
 // (see Drain).
@@ -493,71 +305,20 @@ const closeFlushTimeout = 500 * time.Millisecond
 // forwarding and joins their goroutines. Idempotent.
 func (n *Node) Close() error {
 	n.closeOnce.Do(func() {
-		if n.repl != nil {
-			// Ship what was written since Drain's flush: ops that peers sent
-			// before they saw this node leave, decided while the gRPC server
-			// finished its calls. Bounded: a peer that is gone costs at most
-			// closeFlushTimeout.
-			ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
-			if err := n.repl.flush(ctx); err != nil {
-				n.log.Warn("cluster: close: replication writes not delivered", "err", err)
-			}
-			cancel()
+		// Ship what was written since Drain's flush: ops that peers sent
+		// before they saw this node leave, decided while the gRPC server
+		// finished its calls. Bounded: a peer that is gone costs at most
+		// closeFlushTimeout.
+		ctx, cancel := context.WithTimeout(context.Background(), closeFlushTimeout)
+		if err := n.repl.Flush(ctx); err != nil {
+			n.log.Warn("cluster: close: replication writes not delivered", "err", err)
 		}
+		cancel()
 		n.cancel()
 		n.wg.Wait()
-		if n.repl != nil {
-			n.repl.close()
-		}
+		n.repl.Close()
 		err := n.m.Close()
 		n.closeErr = errors.Join(err, n.fwd.Close())
 	})
 	return n.closeErr
-}
-
-// DebugHandler serves /debug/cluster: this node, every member with its state
-// and addresses, and how many ring partitions each owns.
-func (n *Node) DebugHandler() http.Handler {
-	type member struct {
-		Member
-		Partitions int  `json:"partitions"`
-		Suspect    bool `json:"suspect,omitempty"`
-	}
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		v := n.view.Load()
-		parts := v.ring.Partitions()
-		suspects := map[string]bool{}
-		for _, id := range n.fwd.Suspects() {
-			suspects[id] = true
-		}
-		var ms []member
-		for _, m := range n.m.All() {
-			p := 0
-			if m.State == MemberAlive && v.addrs[m.ID] == m.GRPCAddr {
-				p = parts[m.ID]
-			}
-			ms = append(ms, member{Member: m, Partitions: p, Suspect: suspects[m.ID]})
-		}
-		sort.Slice(ms, func(i, j int) bool {
-			if ms[i].ID != ms[j].ID {
-				return ms[i].ID < ms[j].ID
-			}
-			return ms[i].Started > ms[j].Started
-		})
-		out := struct {
-			Self      Member   `json:"self"`
-			Joined    bool     `json:"joined"`
-			Ready     bool     `json:"ready"`
-			Draining  bool     `json:"draining,omitempty"`
-			Relaying  bool     `json:"relaying,omitempty"`
-			Replicas  int      `json:"replicas"`
-			Ring      []string `json:"ring"`
-			RingBuilt string   `json:"ring_built"`
-			Members   []member `json:"members"`
-		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.fwd.relaying.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		enc.Encode(out)
-	})
 }

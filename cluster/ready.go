@@ -2,6 +2,9 @@ package cluster
 
 import (
 	"time"
+
+	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 )
 
 // Readiness. A node starts not ready: it gossips Ready=false, it is in
@@ -56,17 +59,14 @@ func (n *Node) resync(why string) {
 	for {
 		gen = n.pauseGen.Load()
 		start := time.Now()
-		got, err := n.syncFromPeers(n.ctx)
+		got, err := n.repl.Pull(n.ctx, n.syncPeers())
 		if n.ctx.Err() != nil {
 			return
 		}
 		took := time.Since(start)
-		n.rm.syncDur.Observe(took.Seconds())
 		if err != nil {
-			n.rm.syncs.WithLabelValues("partial").Inc()
 			n.log.Warn("cluster: sync incomplete; going ready with what arrived", "why", why, "entries", got, "took", took, "err", err)
 		} else {
-			n.rm.syncs.WithLabelValues("ok").Inc()
 			n.log.Info("cluster: synced counters from peers", "why", why, "entries", got, "took", took)
 		}
 		// A pause so far is handled here, so its kick is spent; one
@@ -86,8 +86,20 @@ func (n *Node) resync(why string) {
 		// Paused between the check and setReady, which let Decide in
 		// again: refuse it until the lifecycle, kicked by that pause,
 		// re-syncs.
-		n.fwd.setServing(false)
+		n.setServing(false)
 	}
+}
+
+// syncPeers are the peers a sync pulls from: every alive ready member but
+// this node.
+func (n *Node) syncPeers() []replication.Peer {
+	var peers []replication.Peer
+	for _, m := range n.m.Alive() {
+		if m.ID != n.self && m.Ready {
+			peers = append(peers, replication.Peer{ID: m.ID, GRPCAddr: m.GRPCAddr})
+		}
+	}
+	return peers
 }
 
 // setReady changes this node's readiness. Going down it first stops
@@ -104,9 +116,9 @@ func (n *Node) setReady(ready bool) {
 	relaying := false
 	switch {
 	case !ready:
-		n.fwd.setServing(false)
+		n.setServing(false)
 		n.ready.Store(false)
-		n.rm.ready.Set(0)
+		n.metrics.ready.Set(0)
 		n.rebuild()
 	case n.beginJoinRelay():
 		// Relaying, it puts itself in its own ring first: it sends the
@@ -115,11 +127,11 @@ func (n *Node) setReady(ready bool) {
 		// that route here once they see the readiness.
 		relaying = true
 		n.markReady()
-		n.fwd.setServing(true)
+		n.setServing(true)
 	default:
-		n.fwd.setServing(true)
+		n.setServing(true)
 	}
-	if err := n.m.SetReady(ready, relaying); err != nil {
+	if err := n.m.SetFlags(membership.Flags{Ready: ready, Relaying: relaying}); err != nil {
 		n.log.Debug("cluster: gossiping readiness", "ready", ready, "err", err)
 	}
 	if ready && !relaying {
@@ -130,7 +142,7 @@ func (n *Node) setReady(ready bool) {
 // markReady puts this node in its own ring.
 func (n *Node) markReady() {
 	n.ready.Store(true)
-	n.rm.ready.Set(1)
+	n.metrics.ready.Set(1)
 	n.rebuild()
 }
 
@@ -174,14 +186,14 @@ func (n *Node) stalled() bool {
 
 // paused refuses Decide at once and has the lifecycle re-sync.
 func (n *Node) paused(gap time.Duration) {
-	n.rm.pauses.Inc()
+	n.metrics.pauses.Inc()
 	n.pauseGen.Add(1)
 	n.log.Warn("cluster: this process was paused; re-syncing counters before answering again", "gap", gap)
 	if n.draining.Load() {
 		return
 	}
-	n.fwd.setServing(false)
-	n.fwd.forgive(pauseGrace)
+	n.setServing(false)
+	n.fwd.Forgive(pauseGrace)
 	select {
 	case n.resyncKick <- struct{}{}:
 	default:
@@ -220,7 +232,7 @@ func (n *Node) beginJoinRelay() bool {
 	gen := n.joinGen
 	n.joinSettled = settled
 	n.joinRelaying.Store(true)
-	n.fwd.relaying.Store(true)
+	n.relaying.Store(true)
 	n.viewMu.Unlock()
 	select {
 	case <-n.joinKick: // an earlier relay's end, superseded
@@ -229,10 +241,6 @@ func (n *Node) beginJoinRelay() bool {
 	n.joinKick <- gen
 	return true
 }
-
-// settledPeer reports whether m is where a join relay may send a key: a
-// ready member that neither relays itself nor drains.
-func settledPeer(m Member) bool { return m.Ready && !m.Relaying && !m.Draining }
 
 // joinRelayLoop ends each join relay JoinRelay after it began. It returns
 // when the node closes.
@@ -287,7 +295,7 @@ func (n *Node) endJoinRelay(gen uint64, cut bool) {
 	n.viewMu.Lock()
 	n.joinRelaying.Store(false)
 	if !n.draining.Load() {
-		n.fwd.relaying.Store(false)
+		n.relaying.Store(false)
 	}
 	n.rebuildLocked()
 	n.viewMu.Unlock()
@@ -299,13 +307,13 @@ func (n *Node) endJoinRelay(gen uint64, cut bool) {
 
 // gossipRelayEnd tells the peers this node no longer relays.
 func (n *Node) gossipRelayEnd() {
-	if err := n.m.SetReady(n.ready.Load(), false); err != nil {
+	if err := n.m.SetFlags(membership.Flags{Ready: n.ready.Load()}); err != nil {
 		n.log.Debug("cluster: gossiping the end of the join relay", "err", err)
 	}
 }
 
 // marksRelay tells the peer server which relayed ops to mark relayed
-// (Forwarder.marksRelay): all while this node drains; in its join relay,
+// (transport.Policy.MarkRelay): all while this node drains; in its join relay,
 // those for the keys its ring gives it, which go to their previous owners.
 // An op for another key, sent here by a peer whose view differs, goes on
 // unmarked to the key's owner, which relays it in turn if it has just

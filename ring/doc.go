@@ -11,7 +11,6 @@
 // copy kept there survives the owner.
 //
 // A Ring is an immutable snapshot and is safe for concurrent use; its
-// lookups take no lock and allocate nothing. A Table publishes the current
-// Ring to concurrent readers; rebuild a Ring with New whenever membership
-// changes and Store it.
+// lookups take no lock and allocate nothing. Rebuild a Ring with New
+// whenever membership changes and publish it (an atomic.Pointer does).
 package ring

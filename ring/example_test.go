@@ -27,19 +27,6 @@ func Example() {
 	// ring: duplicate member "node-a"
 }
 
-func ExampleTable() {
-	var t ring.Table // the zero Table holds the empty ring
-	_, ok := t.Load().Owner([]byte("k"))
-	fmt.Println("owner known:", ok)
-
-	r, _ := ring.New([]string{"x-0", "x-1"}, ring.Config{})
-	t.Store(r)
-	fmt.Println("members:", t.Load().Len())
-	// Output:
-	// owner known: false
-	// members: 2
-}
-
 func ExampleRing_Partitions() {
 	r, _ := ring.New([]string{"a", "b", "c", "d"}, ring.Config{Partitions: 101})
 	fmt.Println(r.Partitions())

@@ -367,8 +367,6 @@ func TestSuccessorIsNextOwner(t *testing.T) {
 
 func TestLookupsDoNotAllocate(t *testing.T) {
 	r := mustNew(t, nodeIDs("node", 50), Config{})
-	var tab Table
-	tab.Store(r)
 	key := []byte("domain\x00generic_key\x00abc")
 	dst := make([]string, 0, 8)
 	tests := []struct {
@@ -377,7 +375,6 @@ func TestLookupsDoNotAllocate(t *testing.T) {
 	}{
 		{"Owner", func() { _, _ = r.Owner(key) }},
 		{"Successors", func() { dst = r.Successors(key, 8, dst[:0]) }},
-		{"Table.Load.Owner", func() { _, _ = tab.Load().Owner(key) }},
 		{"empty Owner", func() { _, _ = (&Ring{}).Owner(key) }},
 	}
 	for _, tt := range tests {

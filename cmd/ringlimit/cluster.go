@@ -17,6 +17,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 )
 
 // clusterNode is this process's part of a ringlimit cluster.
@@ -43,7 +44,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 		log.Warn("cluster: no --gossip-key-file: gossip is neither encrypted nor authenticated, and anyone who reaches the gossip port can join the cluster and own a share of the keys")
 	}
 	n, err := cluster.NewNode(cluster.NodeConfig{
-		Membership: cluster.MembershipConfig{
+		Membership: membership.Config{
 			ID:            c.NodeName,
 			GRPCAddr:      adv,
 			BindAddr:      c.GossipAddr,

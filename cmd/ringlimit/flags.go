@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/cluster"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 )
 
 // serveConfig is everything `ringlimit serve` is told, after flags and
@@ -318,8 +319,8 @@ func (c *serveConfig) validate() error {
 	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
-	if len(c.ClusterName) > cluster.MaxLabelLen {
-		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), cluster.MaxLabelLen))
+	if len(c.ClusterName) > membership.MaxLabelLen {
+		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}
 	return errors.Join(errs...)
 }

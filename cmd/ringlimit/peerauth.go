@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
@@ -9,18 +8,14 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"strings"
 	"sync"
 	"time"
 
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
-	"google.golang.org/grpc/peer"
-	"google.golang.org/grpc/status"
-	"google.golang.org/grpc/tap"
 
-	"github.com/ringlimit/ringlimit/cluster"
+	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/transport"
 )
 
 // peerServerName is the TLS server name peers dial each other with: it
@@ -28,9 +23,6 @@ import (
 // RLS one. Peers check each other's certificate against --peer-tls-ca only
 // (not against a host name): belonging to the cluster's CA is the identity.
 const peerServerName = "ringlimit-peer"
-
-// peerMethodPrefix selects the RPCs of the cluster.Peer service.
-const peerMethodPrefix = "/ringlimit.peer.v1.Peer/"
 
 // fileStamp tells whether a file changed since it was last read.
 type fileStamp struct {
@@ -184,7 +176,7 @@ func newTLSFiles(c *serveConfig) (*tlsFiles, error) {
 // serverConfig is the gRPC listener's TLS, or nil for plaintext. With peer
 // mTLS, a client certificate is verified against the CA when one is given
 // (VerifyClientCertIfGiven), so RLS clients need none; the Peer service
-// itself demands one (see peerGate).
+// itself demands one (see grpcServerOptions).
 func (f *tlsFiles) serverConfig() *tls.Config {
 	if f.peer == nil && f.rls == nil {
 		return nil
@@ -267,97 +259,40 @@ func (f *tlsFiles) peerDialOptions() []grpc.DialOption {
 }
 
 // aliveLister lists the members of the cluster whose peer calls are
-// admitted (*cluster.Membership: the alive ones, and those that left in the
+// admitted (*membership.Membership: the alive ones, and those that left in the
 // last minute, which may still be draining).
 type aliveLister interface {
-	Admitted() []cluster.Member
-}
-
-// peerGate admits Peer RPCs: with mTLS only from a client whose certificate
-// the handshake verified against the CA; without, only from the IP of a
-// current member (its gRPC or gossip host), or of one that left gracefully in
-// the last minute. Other services pass through.
-type peerGate struct {
-	mtls    bool
-	members aliveLister
-}
-
-// admit returns nil or a status error for an RPC to method.
-func (g peerGate) admit(ctx context.Context, method string) error {
-	if !strings.HasPrefix(method, peerMethodPrefix) {
-		return nil
-	}
-	p, ok := peer.FromContext(ctx)
-	if !ok {
-		return status.Error(codes.Unauthenticated, "serve: peer rpc: unknown caller")
-	}
-	if g.mtls {
-		if ti, ok := p.AuthInfo.(credentials.TLSInfo); ok && len(ti.State.VerifiedChains) > 0 {
-			return nil
-		}
-		return status.Error(codes.Unauthenticated, "serve: peer rpc needs a client certificate signed by --peer-tls-ca")
-	}
-	ip := addrIP(p.Addr)
-	if ip != nil && g.members != nil {
-		for _, m := range g.members.Admitted() {
-			for _, a := range []string{m.GRPCAddr, m.Addr} {
-				if h, _, err := net.SplitHostPort(a); err == nil && ip.Equal(net.ParseIP(h)) {
-					return nil
-				}
-			}
-		}
-	}
-	return status.Errorf(codes.PermissionDenied, "serve: peer rpc from %v: not a cluster member", p.Addr)
-}
-
-// addrIP is the IP of a TCP address, or nil.
-func addrIP(a net.Addr) net.IP {
-	if t, ok := a.(*net.TCPAddr); ok {
-		return t.IP
-	}
-	if a == nil {
-		return nil
-	}
-	h, _, err := net.SplitHostPort(a.String())
-	if err != nil {
-		return nil
-	}
-	return net.ParseIP(h)
-}
-
-func (g peerGate) tap(ctx context.Context, info *tap.Info) (context.Context, error) {
-	return ctx, g.admit(ctx, info.FullMethodName)
-}
-
-func (g peerGate) unary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
-	if err := g.admit(ctx, info.FullMethod); err != nil {
-		return nil, err
-	}
-	return h(ctx, req)
-}
-
-func (g peerGate) stream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
-	if err := g.admit(ss.Context(), info.FullMethod); err != nil {
-		return err
-	}
-	return h(srv, ss)
+	Admitted() []membership.Member
 }
 
 // grpcServerOptions are the gRPC server's TLS and, for a cluster node
-// (members non-nil), the Peer service's gate.
+// (members non-nil), the Peer service's gate: with peer mTLS it admits
+// only a client whose certificate the handshake verified against the CA;
+// without, only a caller at the IP of a member (memberIP).
 func grpcServerOptions(f *tlsFiles, members aliveLister) []grpc.ServerOption {
 	var opts []grpc.ServerOption
 	if cfg := f.serverConfig(); cfg != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(cfg)))
 	}
 	if members != nil {
-		g := peerGate{mtls: f.peer != nil, members: members}
-		// The tap runs when a call's headers arrive, before its message is
-		// read and decoded: a caller that may not use the Peer service costs
-		// no decode of a message up to the receive limit. The interceptors
-		// check again, for a server built without the tap.
-		opts = append(opts, grpc.InTapHandle(g.tap),
-			grpc.ChainUnaryInterceptor(g.unary), grpc.ChainStreamInterceptor(g.stream))
+		g := transport.Gate{MTLS: f.peer != nil, Admit: memberIP(members)}
+		opts = append(opts, g.ServerOptions()...)
 	}
 	return opts
+}
+
+// memberIP reports whether an IP is the host of the gRPC or gossip address
+// of a member that members admits: a current one, or one that left
+// gracefully in the last minute.
+func memberIP(members aliveLister) func(ip net.IP) bool {
+	return func(ip net.IP) bool {
+		for _, m := range members.Admitted() {
+			for _, a := range []string{m.GRPCAddr, m.Addr} {
+				if h, _, err := net.SplitHostPort(a); err == nil && ip.Equal(net.ParseIP(h)) {
+					return true
+				}
+			}
+		}
+		return false
+	}
 }

@@ -23,7 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/ringlimit/ringlimit/bucket"
-	"github.com/ringlimit/ringlimit/cluster"
+	"github.com/ringlimit/ringlimit/cluster/transport"
 	"github.com/ringlimit/ringlimit/rls"
 )
 
@@ -136,8 +136,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// one of small repeated fields decodes to a hundred times its size.
 	// The keepalive policy lets peers (and Envoy) ping every 5 s or more
 	// and closes client connections that stop answering pings.
-	gs := grpc.NewServer(append(append(grpcServerOptions(tlsf, members), cluster.ServerOptions()...),
-		grpc.MaxRecvMsgSize(max(cluster.MaxMessageSize, 2*c.MaxRequestSize)))...)
+	gs := grpc.NewServer(append(append(grpcServerOptions(tlsf, members), transport.ServerOptions()...),
+		grpc.MaxRecvMsgSize(max(transport.MaxMessageSize, 2*c.MaxRequestSize)))...)
 	if node != nil {
 		node.register(gs)
 	}

@@ -1,0 +1,57 @@
+package cluster
+
+import (
+	"encoding/json"
+	"net/http"
+	"sort"
+	"time"
+
+	"github.com/ringlimit/ringlimit/cluster/membership"
+)
+
+// DebugHandler serves /debug/cluster: this node, every member with its state
+// and addresses, and how many ring partitions each owns.
+func (n *Node) DebugHandler() http.Handler {
+	type member struct {
+		membership.Member
+		Partitions int  `json:"partitions"`
+		Suspect    bool `json:"suspect,omitempty"`
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		v := n.view.Load()
+		parts := v.ring.Partitions()
+		suspects := map[string]bool{}
+		for _, id := range n.fwd.Suspects() {
+			suspects[id] = true
+		}
+		var ms []member
+		for _, m := range n.m.All() {
+			p := 0
+			if m.State == membership.MemberAlive && v.addrs[m.ID] == m.GRPCAddr {
+				p = parts[m.ID]
+			}
+			ms = append(ms, member{Member: m, Partitions: p, Suspect: suspects[m.ID]})
+		}
+		sort.Slice(ms, func(i, j int) bool {
+			if ms[i].ID != ms[j].ID {
+				return ms[i].ID < ms[j].ID
+			}
+			return ms[i].Started > ms[j].Started
+		})
+		out := struct {
+			Self      membership.Member `json:"self"`
+			Joined    bool              `json:"joined"`
+			Ready     bool              `json:"ready"`
+			Draining  bool              `json:"draining,omitempty"`
+			Relaying  bool              `json:"relaying,omitempty"`
+			Replicas  int               `json:"replicas"`
+			Ring      []string          `json:"ring"`
+			RingBuilt string            `json:"ring_built"`
+			Members   []member          `json:"members"`
+		}{n.m.Self(), n.m.Joined(), n.ready.Load(), n.draining.Load(), n.relaying.Load(), n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		enc.Encode(out)
+	})
+}

@@ -1,0 +1,249 @@
+package cluster
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/transport"
+)
+
+// Bounds of the waits for what takes well under a second on an idle
+// machine (quick: joins, leaves, metadata, replication) and for failure
+// detection (detect): a busy 2-core -race run stalls goroutines for seconds
+// at times, and a bound costs nothing when the wait succeeds early.
+const (
+	quick  = 15 * time.Second
+	detect = 30 * time.Second
+)
+
+// nodeTestNode is one in-process Node: real memberlist on loopback (Preset
+// "local", port 0) and a real gRPC server on a loopback port.
+type nodeTestNode struct {
+	id    string
+	node  *Node
+	store *bucket.Store
+	reg   *prometheus.Registry
+	logs  *testkit.LogSink
+	mono  *atomic.Int64 // the pause detector's clock, ns
+	stop  func()        // stops gRPC and closes the node (idempotent)
+}
+
+// nodeStart starts node id joining join and stops it when the test ends.
+func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) *nodeTestNode {
+	t.Helper()
+	lis := testkit.Listen(t)
+	tn := &nodeTestNode{
+		id:    id,
+		store: bucket.NewStore(bucket.StoreConfig{}),
+		reg:   prometheus.NewRegistry(),
+		logs:  &testkit.LogSink{},
+		mono:  new(atomic.Int64),
+	}
+	cfg := NodeConfig{
+		Membership: membership.Config{
+			ID:             id,
+			GRPCAddr:       lis.Addr().String(),
+			BindAddr:       "127.0.0.1:0",
+			Join:           join,
+			RejoinInterval: time.Hour,
+			Preset:         "local",
+		},
+		Store: tn.store,
+		// Exactness must not depend on a busy -race run: an owner that
+		// answers late is decided around, so wait long for it (a crashed
+		// peer refuses connections and fails at once, not after Timeout).
+		Timeout: 5 * time.Second,
+		// A crashed peer stays bypassed until the ring drops it, however
+		// long the test takes between two hits; a live one is cleared by
+		// the first probe it answers.
+		SuspectFor: time.Minute,
+		// A sync cut short leaves a joining node ready without the keys
+		// its tests check.
+		SyncTimeout: 10 * time.Second,
+		// Short, so that the tests' clusters settle quickly; nodeWaitRing
+		// waits for it to end.
+		JoinRelay:  200 * time.Millisecond,
+		Registerer: tn.reg,
+		Logger:     slog.New(tn.logs),
+		monoClock:  func() time.Duration { return time.Duration(tn.mono.Load()) },
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	n, err := NewNode(cfg)
+	if err != nil {
+		t.Fatalf("NewNode(%s): %v", id, err)
+	}
+	tn.node = n
+	srv := grpc.NewServer(transport.ServerOptions()...)
+	n.Register(srv)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		_ = srv.Serve(lis)
+	}()
+	var once sync.Once
+	tn.stop = func() {
+		once.Do(func() {
+			srv.Stop()
+			wg.Wait()
+			if err := n.Close(); err != nil {
+				t.Errorf("close %s: %v", id, err)
+			}
+		})
+	}
+	t.Cleanup(func() {
+		tn.stop()
+		if t.Failed() {
+			t.Logf("%s log:\n%s", id, tn.logs.Dump())
+		}
+	})
+	return tn
+}
+
+// nodeCluster starts ids (each joining the first) with tweak and waits
+// until every node is ready and has all of them in its ring.
+func nodeCluster(t *testing.T, ids []string, tweak func(*NodeConfig)) []*nodeTestNode {
+	t.Helper()
+	var nodes []*nodeTestNode
+	for i, id := range ids {
+		var join []string
+		if i > 0 {
+			join = []string{nodes[0].node.Membership().Self().Addr}
+		}
+		nodes = append(nodes, nodeStart(t, id, join, tweak))
+	}
+	nodeWaitRing(t, nodes, nodes)
+	return nodes
+}
+
+// nodeWaitRing waits until every node of on is ready with exactly the IDs
+// of want in its ring, and the join relays have ended.
+func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
+	t.Helper()
+	var ids []string
+	for _, n := range want {
+		ids = append(ids, n.id)
+	}
+	sort.Strings(ids)
+	for _, n := range on {
+		testkit.WaitFor(t, detect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
+			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) || n.node.relaying.Load() {
+				return false
+			}
+			// ... and sees no member relay: a relaying member is left out
+			// of where a node relays to (view.relayTo).
+			for _, m := range n.node.Membership().Alive() {
+				if m.Relaying {
+					return false
+				}
+			}
+			return true
+		})
+	}
+}
+
+// nodeValidPB is a valid wire op on a day's window (nodeUnit).
+func nodeValidPB(key string) *peerpb.Op {
+	return &peerpb.Op{Key: []byte(key), Requests: 10, UnitNs: int64(nodeUnit), Hits: 1}
+}
+
+// nodeByID returns the node called id.
+func nodeByID(nodes []*nodeTestNode, id string) *nodeTestNode {
+	for _, n := range nodes {
+		if n.id == id {
+			return n
+		}
+	}
+	return nil
+}
+
+// nodeUnit is the window of the limits these tests count under in real
+// time (time.Now): a day, so that counts taken over the seconds a test runs
+// (a crash and its detection, a drain, a join) almost never straddle a
+// window edge (midnight UTC); an hour's edge would meet a 10 s test once in
+// 360 runs.
+const nodeUnit = 24 * time.Hour
+
+// nodeDayOp is one consuming hit under a roomy daily limit.
+func nodeDayOp(key string) bucket.Op {
+	return bucket.Op{Key: []byte(key), Limit: bucket.Limit{Requests: 1 << 40, Unit: int64(nodeUnit)}, Hits: 1}
+}
+
+// nodeHit applies hits to key through n, each as its own call.
+func nodeHit(t *testing.T, n *nodeTestNode, key string, hits int) bucket.Result {
+	t.Helper()
+	var res [1]bucket.Result
+	for range hits {
+		ops := []bucket.Op{nodeDayOp(key)}
+		n.node.Apply(context.Background(), time.Now().UnixNano(), ops, res[:])
+	}
+	return res[0]
+}
+
+// nodeCount returns n's stored count for key (0 if none).
+func nodeCount(n *nodeTestNode, key string) uint64 {
+	st, _ := n.store.Get(time.Now().UnixNano(), []byte(key))
+	return st.Count
+}
+
+// nodeSuccessors returns key's first r successors on n's ring.
+func nodeSuccessors(n *nodeTestNode, key string, r int) []string {
+	return n.node.view.Load().ring.Successors([]byte(key), r, nil)
+}
+
+// nodeMetric sums every sample of the counter or gauge name in reg.
+func nodeMetric(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
+		}
+	}
+	return sum
+}
+
+// nodeCounters sums n's counters whose names say where its counts came
+// from, for a failing test's report.
+func nodeCounters(t *testing.T, n *nodeTestNode) string {
+	t.Helper()
+	mfs, err := n.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		sum := 0.0
+		for _, m := range mf.GetMetric() {
+			sum += m.GetCounter().GetValue() // 0 for other kinds
+		}
+		if sum != 0 {
+			fmt.Fprintf(&b, "%s=%v ", strings.TrimPrefix(mf.GetName(), "ringlimit_"), sum)
+		}
+	}
+	return b.String()
+}

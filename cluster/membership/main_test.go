@@ -1,0 +1,13 @@
+package membership
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+)
+
+// TestMain fails the package if any goroutine outlives the tests by more
+// than 20 s: memberlist's own goroutines end within a probe interval of
+// Shutdown, later on a busy machine.
+func TestMain(m *testing.M) { testkit.Main(m, 20*time.Second) }

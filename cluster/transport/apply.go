@@ -1,0 +1,245 @@
+package transport
+
+import (
+	"context"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/bucket"
+)
+
+// Apply decides ops, writing results[i] for ops[i]; results must be at
+// least as long as ops. now is the entry node's clock (Unix ns), used for
+// the ops this node owns and for every fallback.
+//
+// Ops this node owns are applied directly. The others are queued to their
+// owners' batchers and wait together at most the forwarder's Timeout and
+// ctx. An op whose owner is unknown or suspect goes to the key's first
+// healthy replica when Owners implements Holders (rerouted). An op with no
+// reachable holder, or whose owner fails or is too slow, is decided by the
+// local store instead (a fallback, counted by reason; from at least the
+// owner's last answer when Local is an AnswerCache) and a failing or slow
+// owner becomes suspect. A call whose deadline has passed before anything
+// is forwarded is decided locally at once. Apply never fails: a down peer costs
+// accuracy, not availability. An op the owner did answer after its waiter
+// gave up is counted at both nodes. Ops of one call that go to the same
+// owner may travel in different batches (up to fwdInflight are in flight per
+// peer), so two ops on the same key may be applied in either order.
+func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+	f.apply(ctx, now, ops, results, f.waitFor(ctx), false)
+}
+
+// apply is Apply with the forwarded ops' wait given; relayed marks them as
+// relayed (peerpb.DecideRequest.Relayed), so that their receiver applies
+// them even if it relays too.
+func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, wait time.Duration, relayed bool) {
+	results = results[:len(ops)]
+	var (
+		req   *fwdRequest
+		peers map[string]*peerClient
+		late  bool // the caller has given up already: forward nothing
+	)
+	for i := range ops {
+		op := &ops[i]
+		id, _, self := f.owners.Owner(op.Key)
+		if self || id == f.self {
+			results[i] = f.local.Apply(now, op)
+			continue
+		}
+		if f.ac != nil {
+			if r, over := f.ac.OverUntil(now, op); over {
+				results[i] = r
+				f.m.overLocal.Inc()
+				continue
+			}
+		}
+		if peers == nil {
+			peers = *f.peers.Load()
+		}
+		p := peers[id]
+		if p == nil || p.suspect.Load() {
+			q, toSelf := f.reroute(op.Key, peers)
+			switch {
+			case toSelf:
+				results[i] = f.applyInstead(now, op)
+				f.m.rerouted.Inc()
+				continue
+			case q != nil:
+				p = q
+				f.m.rerouted.Inc()
+			case p == nil:
+				f.fallback(now, op, &results[i], f.m.fbUnknown)
+				continue
+			default:
+				f.fallback(now, op, &results[i], f.m.fbSuspect)
+				continue
+			}
+		}
+		switch {
+		case peerValidateOp(op) != nil:
+			// The owner would refuse the whole batch this op lands in: the
+			// local store decides it as it would decide its own keys.
+			results[i] = f.local.Apply(now, op)
+			continue
+		}
+		if late {
+			f.fallback(now, op, &results[i], f.m.fbTimeout)
+			continue
+		}
+		if req == nil {
+			if wait <= 0 {
+				// No owner can answer in time (a call read late, e.g. by a
+				// process thawed after a freeze): decide locally, and do not
+				// blame the owner for it.
+				late = true
+				f.fallback(now, op, &results[i], f.m.fbTimeout)
+				continue
+			}
+			req = f.getRequest()
+			req.deadline, req.wait, req.relayed = now+int64(wait), wait, relayed
+		}
+		it := req.add(i, p, op)
+		if ok, closed := p.enqueue(it); !ok {
+			req.unadd()
+			if closed {
+				f.fallback(now, op, &results[i], f.m.fbUnknown)
+				continue
+			}
+			p.markSuspect("queue full", nil)
+			f.fallback(now, op, &results[i], f.m.fbError)
+		}
+	}
+	if req != nil {
+		f.wait(ctx, now, req, ops, results)
+	}
+}
+
+// reroute finds where an op goes when its owner is suspect or unknown: the
+// first holder after the owner that is this node (toSelf) or a peer that is
+// not suspect (p). Both are zero when Owners does not implement Holders or
+// no holder qualifies.
+func (f *Forwarder) reroute(key []byte, peers map[string]*peerClient) (p *peerClient, toSelf bool) {
+	h, ok := f.owners.(Holders)
+	if !ok {
+		return nil, false
+	}
+	for i := 1; ; i++ {
+		id, self, ok := h.Holder(key, i)
+		switch {
+		case !ok:
+			return nil, false
+		case self || id == f.self:
+			return nil, true
+		}
+		if q := peers[id]; q != nil && !q.suspect.Load() {
+			return q, false
+		}
+	}
+}
+
+// wait collects the answers of req's forwarded ops, falling back for the
+// ops still pending when the timeout or ctx ends the wait.
+func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []bucket.Op, results []bucket.Result) {
+	complete := req.pending.Add(-1) == 0 // drop the guard taken by getRequest
+	timedOut := false
+	if !complete && req.n > 0 {
+		req.timer.Reset(req.wait)
+		select {
+		case <-req.done:
+			complete = true
+		case <-req.timer.C:
+			timedOut = true
+		case <-ctx.Done():
+		}
+		req.timer.Stop()
+	}
+	forwarded := 0
+	ac := f.ac
+	var late *peerClient // the last peer noted late: one note per peer per call
+	for _, it := range req.items[:req.n] {
+		i := it.index
+		if !complete && it.state.CompareAndSwap(fwdPending, fwdAbandoned) {
+			// ctx ending is the caller giving up, not the peer failing.
+			if timedOut && it.peer != late {
+				it.peer.noteFailure("timeout", nil)
+				late = it.peer
+			}
+			f.fallback(now, &ops[i], &results[i], f.m.fbTimeout)
+			continue
+		}
+		if it.err != nil {
+			// The RPC deadline is Timeout too: its expiry is a timeout.
+			c := f.m.fbError
+			if status.Code(it.err) == codes.DeadlineExceeded {
+				c = f.m.fbTimeout
+				if it.peer != late {
+					it.peer.noteFailure("timeout", nil)
+					late = it.peer
+				}
+			}
+			f.fallback(now, &ops[i], &results[i], c)
+			continue
+		}
+		results[i] = it.res
+		if ac != nil {
+			ac.Remember(now, &ops[i], it.res)
+		}
+		forwarded++
+	}
+	if forwarded > 0 {
+		f.m.forwarded.Add(float64(forwarded))
+	}
+	if complete {
+		// Every sender is done with req: it can be reused. A request with
+		// abandoned items may still be touched by a sender; the GC takes it.
+		req.release()
+		f.reqs.Put(req)
+	}
+}
+
+// fwdDeadlineMargin is kept free of the caller's deadline for the local
+// fallback and the answer's way back.
+const fwdDeadlineMargin = 3 * time.Millisecond
+
+// fwdMaxWait caps how long a forwarded op waits, whatever the deadline;
+// it is also how long a Decide exchange (a stream's answer, or a call) may
+// take before the sender gives up on it.
+const fwdMaxWait = 250 * time.Millisecond
+
+// waitFor is how long forwarded ops may wait for their owner: until the
+// caller's deadline less fwdDeadlineMargin (Envoy sends its 20 ms timeout as
+// the gRPC deadline, so answers stay inside it), capped at fwdMaxWait; or
+// Timeout when the caller set no deadline. A busy owner is then waited for
+// as long as the caller allows instead of being counted around, which is
+// what keeps counts exact on a loaded machine.
+func (f *Forwarder) waitFor(ctx context.Context) time.Duration {
+	dl, ok := ctx.Deadline()
+	if !ok {
+		return f.timeout
+	}
+	return max(0, min(time.Until(dl)-fwdDeadlineMargin, fwdMaxWait))
+}
+
+// fallback decides op locally and counts it under c.
+func (f *Forwarder) fallback(now int64, op *bucket.Op, res *bucket.Result, c prometheus.Counter) {
+	*res = f.applyInstead(now, op)
+	c.Inc()
+}
+
+// applyInstead decides op with the local store for a key another node owns.
+func (f *Forwarder) applyInstead(now int64, op *bucket.Op) bucket.Result {
+	if f.ac != nil {
+		return f.ac.ApplyInstead(now, op)
+	}
+	return f.local.Apply(now, op)
+}
+
+func (f *Forwarder) getRequest() *fwdRequest {
+	r := f.reqs.Get().(*fwdRequest)
+	r.n = 0
+	r.pending.Store(1) // guard: no sender can complete r while Apply still adds to it
+	return r
+}

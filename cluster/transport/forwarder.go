@@ -1,0 +1,239 @@
+// Package transport owns the peer protocol, both sides: the Forwarder
+// decides each op at its key's owner (batching them per peer on long-lived
+// streams, waiting within the caller's deadline, falling back to a replica
+// or to this node's own counter when the owner is suspect or slow), and the
+// peer server applies the batches peers send, relays them while its node
+// relays, and hands replication and sync to a StateService. Gate admits
+// peer calls. It declares what it needs of the node it serves (Applier,
+// AnswerCache, Owners, Holders, Policy, StateService) and imports neither
+// membership nor replication. Forwarder's methods are safe for concurrent
+// use.
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/ringlimit/ringlimit/cluster/wire"
+)
+
+// Defaults and limits of ForwarderConfig.
+const (
+	// DefaultMaxBatch is the default number of ops per peer batch.
+	DefaultMaxBatch = 256
+	// DefaultForwardTimeout is how long a forwarded decision waits for its
+	// owner by default: far inside Envoy's 20 ms RLS timeout.
+	DefaultForwardTimeout = 10 * time.Millisecond
+	// DefaultSuspectFor is how long a failed peer is bypassed by default
+	// unless a probe answers sooner.
+	DefaultSuspectFor = 2 * time.Second
+)
+
+const (
+	// fwdInflight is how many Decide batches may be in flight to one peer:
+	// one sender goroutine (and one DecideStream) per slot.
+	fwdInflight = 2
+	// fwdMinQueue is the least capacity of a peer's queue, which is
+	// otherwise fwdInflight batches.
+	fwdMinQueue = 4096
+	// fwdMaxBatchBytes caps the key bytes of one batch, so that a whole
+	// batch stays under MaxMessageSize (TestDecideBatchFits).
+	fwdMaxBatchBytes = 1 << 20
+	// fwdProbeInterval is how often a suspect peer is pinged.
+	fwdProbeInterval = 150 * time.Millisecond
+	// fwdProbeTimeout is the deadline of one probe Ping.
+	fwdProbeTimeout = 100 * time.Millisecond
+)
+
+// ForwarderConfig configures a Forwarder. Zero values take the documented
+// defaults; Self, Local and Owners are required.
+type ForwarderConfig struct {
+	// Self is this node's ID, as Owners reports it.
+	Self string
+	// Local is this node's store: it decides the keys this node owns, the
+	// ops peers send here, and every fallback decision.
+	Local Applier
+	// Owners maps keys to their owner.
+	Owners Owners
+	// Policy tells the peer server whether to answer and whether to relay
+	// (see Policy). Nil means it always answers and never relays.
+	Policy Policy
+	// Clock returns Unix nanoseconds. The server side reads it once per
+	// received batch. Nil means the wall clock.
+	Clock func() int64
+	// DialOptions are used to dial peers. Nil means insecure (plaintext)
+	// credentials. Short reconnect backoff (50 ms to 1 s), fixed 4 MiB flow
+	// control windows (see peerWindow) and keepalive pings (after 10 s
+	// without a read; no answer in 3 s closes the connection) are always
+	// set first, so these options may override them. Peers' servers must
+	// accept the pings: see ServerOptions.
+	DialOptions []grpc.DialOption
+	// MaxBatch is the most ops per peer batch: 1 to 4096, 0 means
+	// DefaultMaxBatch.
+	MaxBatch int
+	// Timeout is the longest a forwarded decision waits for its owner
+	// before it is decided locally when the caller's context has no
+	// deadline; with a deadline the wait lasts until shortly before it
+	// (see waitFor). 0 means DefaultForwardTimeout.
+	Timeout time.Duration
+	// SuspectFor is how long a peer that failed to answer is bypassed,
+	// unless a probe answers sooner; a peer whose connection is refused
+	// stays bypassed until a probe answers. 0 means DefaultSuspectFor.
+	SuspectFor time.Duration
+	// Registerer receives the forwarder's metrics. Nil means they are not
+	// registered anywhere (never the global registry).
+	Registerer prometheus.Registerer
+	// Logger receives peer state changes. Nil discards them.
+	Logger *slog.Logger
+}
+
+// Forwarder decides ops at their owners. It is the client side of the Peer
+// protocol (Apply, SetPeers) and, through Register, its server side.
+// Its methods are safe for concurrent use. Close stops it.
+type Forwarder struct {
+	self          string
+	local         Applier
+	ac            AnswerCache // local as an AnswerCache, or nil
+	owners        Owners
+	policy        Policy // nil: always serving, never relaying
+	clock         func() int64
+	dialOpts      []grpc.DialOption
+	maxBatch      int
+	timeout       time.Duration
+	suspectFor    time.Duration
+	probeInterval time.Duration
+	probeTimeout  time.Duration
+	log           *slog.Logger
+	m             fwdMetrics
+	start         time.Time // monotonic base for suspicion times
+	reqs          sync.Pool // of *fwdRequest
+
+	// peers is id -> client, replaced whole by SetPeers and read without
+	// locks by Apply. Never nil.
+	peers atomic.Pointer[map[string]*peerClient]
+
+	// graceUntil is f.mono() until which failures are not held against
+	// peers: they were this process's own freeze (see Forgive).
+	graceUntil atomic.Int64
+	// streamMaxAge is how long the peer server keeps a DecideStream or
+	// ReplicateStream open, in ns (wire.StreamMaxAge; tests shorten it).
+	streamMaxAge atomic.Int64
+
+	mu     sync.Mutex // serialises SetPeers and Close
+	closed bool
+}
+
+// NewForwarder checks cfg, applies its defaults and registers the metrics.
+// It starts no goroutine until SetPeers names a peer.
+func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
+	switch {
+	case cfg.Self == "":
+		return nil, errors.New("transport: forwarder: Self is empty")
+	case cfg.Local == nil:
+		return nil, errors.New("transport: forwarder: Local is nil")
+	case cfg.Owners == nil:
+		return nil, errors.New("transport: forwarder: Owners is nil")
+	case cfg.MaxBatch < 0 || cfg.MaxBatch > peerMaxOps:
+		return nil, fmt.Errorf("transport: forwarder: MaxBatch must be 0 to %d, got %d", peerMaxOps, cfg.MaxBatch)
+	case cfg.Timeout < 0:
+		return nil, fmt.Errorf("transport: forwarder: Timeout must be >= 0, got %v", cfg.Timeout)
+	case cfg.SuspectFor < 0:
+		return nil, fmt.Errorf("transport: forwarder: SuspectFor must be >= 0, got %v", cfg.SuspectFor)
+	}
+	f := &Forwarder{
+		self:          cfg.Self,
+		local:         cfg.Local,
+		owners:        cfg.Owners,
+		policy:        cfg.Policy,
+		clock:         cfg.Clock,
+		maxBatch:      cfg.MaxBatch,
+		timeout:       cfg.Timeout,
+		suspectFor:    cfg.SuspectFor,
+		probeInterval: fwdProbeInterval,
+		probeTimeout:  fwdProbeTimeout,
+		log:           cfg.Logger,
+		start:         time.Now(),
+		ac:            asAnswerCache(cfg.Local),
+	}
+	if f.clock == nil {
+		f.clock = func() int64 { return time.Now().UnixNano() }
+	}
+	if f.maxBatch == 0 {
+		f.maxBatch = DefaultMaxBatch
+	}
+	if f.timeout == 0 {
+		f.timeout = DefaultForwardTimeout
+	}
+	if f.suspectFor == 0 {
+		f.suspectFor = DefaultSuspectFor
+	}
+	if f.log == nil {
+		f.log = slog.New(slog.DiscardHandler)
+	}
+	f.dialOpts = []grpc.DialOption{grpc.WithConnectParams(grpc.ConnectParams{
+		Backoff:           backoff.Config{BaseDelay: 50 * time.Millisecond, Multiplier: 1.6, Jitter: 0.2, MaxDelay: time.Second},
+		MinConnectTimeout: time.Second,
+	}), grpc.WithInitialWindowSize(peerWindow), grpc.WithInitialConnWindowSize(peerWindow),
+		grpc.WithKeepaliveParams(keepalive.ClientParameters{
+			Time:                peerKeepaliveTime,
+			Timeout:             peerKeepaliveTimeout,
+			PermitWithoutStream: true,
+		})}
+	if cfg.DialOptions == nil {
+		f.dialOpts = append(f.dialOpts, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	} else {
+		f.dialOpts = append(f.dialOpts, cfg.DialOptions...)
+	}
+	f.m = newFwdMetrics(f.maxBatch)
+	if err := f.m.register(cfg.Registerer); err != nil {
+		return nil, err
+	}
+	f.reqs.New = func() any { return newFwdRequest() }
+	f.streamMaxAge.Store(int64(wire.StreamMaxAge))
+	empty := map[string]*peerClient{}
+	f.peers.Store(&empty)
+	return f, nil
+}
+
+// DialOptions returns the options the forwarder dials peers with: its
+// defaults, then ForwarderConfig.DialOptions. Another client of the peers
+// (a Sync) dials with them too. The slice is the caller's.
+func (f *Forwarder) DialOptions() []grpc.DialOption { return slices.Clone(f.dialOpts) }
+
+// Close stops every peer client: it cancels their RPCs, joins their
+// goroutines and closes their connections. Ops still queued fall back.
+// Apply keeps working after Close, deciding every op locally. Close is
+// idempotent. The metrics stay registered.
+func (f *Forwarder) Close() error {
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
+	f.closed = true
+	old := *f.peers.Load()
+	empty := map[string]*peerClient{}
+	f.peers.Store(&empty)
+	f.mu.Unlock()
+	var errs []error
+	for _, p := range old {
+		if err := p.close(); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// mono returns the monotonic time since the forwarder started, in ns.
+func (f *Forwarder) mono() int64 { return int64(time.Since(f.start)) }

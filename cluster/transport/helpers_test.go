@@ -1,0 +1,223 @@
+package transport
+
+import (
+	"bytes"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+)
+
+// fwdFakeStore is a trivial Applier: one exact counter per key, no windows.
+// Its results carry now in ResetAfter, so a test can tell whose clock (and
+// so which node) decided an op.
+type fwdFakeStore struct {
+	mu     sync.Mutex
+	counts map[string]*uint64 // pointers: updating a key allocates nothing
+	calls  int
+}
+
+func newFwdFakeStore() *fwdFakeStore { return &fwdFakeStore{counts: map[string]*uint64{}} }
+
+func (s *fwdFakeStore) Apply(now int64, op *bucket.Op) bucket.Result {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.calls++
+	p := s.counts[string(op.Key)]
+	var c uint64
+	if p != nil {
+		c = *p
+	}
+	c += op.Hits
+	if op.Mode != bucket.Peek {
+		if p == nil {
+			p = new(uint64)
+			s.counts[string(op.Key)] = p
+		}
+		*p = c
+	}
+	r := bucket.Result{Count: c, Over: c > op.Limit.Requests, ResetAfter: now}
+	if !r.Over {
+		r.Remaining = op.Limit.Requests - c
+	}
+	return r
+}
+
+func (s *fwdFakeStore) count(key string) uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if p := s.counts[key]; p != nil {
+		return *p
+	}
+	return 0
+}
+
+func (s *fwdFakeStore) numCalls() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.calls
+}
+
+// fwdFakeOwners gives a key "x/..." to the node with ID x.
+type fwdFakeOwners struct {
+	self string
+	tab  map[string]fwdOwnerEntry // fixed after construction
+}
+
+type fwdOwnerEntry struct{ id, addr string }
+
+func (o *fwdFakeOwners) Owner(key []byte) (string, string, bool) {
+	i := bytes.IndexByte(key, '/')
+	if i < 0 {
+		return "", "", false
+	}
+	e := o.tab[string(key[:i])]
+	return e.id, e.addr, e.id == o.self
+}
+
+// fwdTestNode is one in-process node: a Forwarder serving Peer on a real
+// loopback gRPC server.
+type fwdTestNode struct {
+	id    string
+	addr  string
+	now   int64 // its fixed clock
+	store *fwdFakeStore
+	reg   *prometheus.Registry
+	pol   *testPolicy
+	f     *Forwarder
+}
+
+// testPolicy is a Policy that serves until told otherwise and never
+// relays.
+type testPolicy struct{ refusing atomic.Bool }
+
+// setServing makes the node answer (true) or refuse Decide and Ping.
+func (p *testPolicy) setServing(ok bool) { p.refusing.Store(!ok) }
+
+func (p *testPolicy) Serving() bool { return !p.refusing.Load() }
+
+func (p *testPolicy) Relaying() bool { return false }
+
+func (p *testPolicy) MarkRelay([]byte) bool { return true }
+
+// fwdStartCluster starts one node per ID (node i's clock reads (i+1)*1000)
+// and gives every node every other node, plus the extra id -> addr peers,
+// both in its ring and in SetPeers. tweak may change each node's config.
+func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak func(*ForwarderConfig)) map[string]*fwdTestNode {
+	t.Helper()
+	tab := map[string]fwdOwnerEntry{}
+	peers := map[string]string{}
+	lis := map[string]net.Listener{}
+	for _, id := range ids {
+		l := testkit.Listen(t)
+		lis[id] = l
+		tab[id] = fwdOwnerEntry{id, l.Addr().String()}
+		peers[id] = l.Addr().String()
+	}
+	for id, addr := range extra {
+		tab[id] = fwdOwnerEntry{id, addr}
+		peers[id] = addr
+	}
+	nodes := map[string]*fwdTestNode{}
+	for i, id := range ids {
+		n := &fwdTestNode{id: id, addr: peers[id], now: int64(i+1) * 1000, store: newFwdFakeStore(), reg: prometheus.NewRegistry(), pol: &testPolicy{}}
+		now := n.now
+		cfg := ForwarderConfig{
+			Self:       id,
+			Local:      n.store,
+			Owners:     &fwdFakeOwners{self: id, tab: tab},
+			Policy:     n.pol,
+			Clock:      func() int64 { return now },
+			Timeout:    5 * time.Second, // exactness tests must not time out under -race
+			SuspectFor: time.Minute,
+			Registerer: n.reg,
+		}
+		if tweak != nil {
+			tweak(&cfg)
+		}
+		f, err := NewForwarder(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.f = f
+		srv := grpc.NewServer(ServerOptions()...)
+		Register(srv, f, nil)
+		testkit.Serve(t, srv, lis[id])
+		t.Cleanup(func() {
+			if err := f.Close(); err != nil {
+				t.Errorf("close %s: %v", id, err)
+			}
+		})
+		nodes[id] = n
+	}
+	for _, n := range nodes {
+		n.f.SetPeers(peers) // includes the node itself: must be ignored
+	}
+	return nodes
+}
+
+// fwdOp is a consuming op of one hit under a roomy limit.
+func fwdOp(key string) bucket.Op {
+	return bucket.Op{Key: []byte(key), Limit: bucket.Limit{Requests: 1 << 40, Unit: int64(time.Minute)}, Hits: 1}
+}
+
+// fwdHist returns the sample count and sum of histogram name in reg.
+func fwdHist(t testing.TB, reg *prometheus.Registry, name string) (uint64, float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0, 0
+}
+
+// fwdCounts reads the forwarded and fallback counters of f.
+type fwdCounts struct{ forwarded, timeout, error, suspect, unknown float64 }
+
+func fwdReadCounts(t testing.TB, reg *prometheus.Registry) fwdCounts {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var c fwdCounts
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			v := m.GetCounter().GetValue()
+			switch mf.GetName() {
+			case "ringlimit_forwarded_decisions_total":
+				c.forwarded = v
+			case "ringlimit_local_fallbacks_total":
+				switch m.GetLabel()[0].GetValue() {
+				case "timeout":
+					c.timeout = v
+				case "error":
+					c.error = v
+				case "suspect":
+					c.suspect = v
+				case "unknown":
+					c.unknown = v
+				}
+			}
+		}
+	}
+	return c
+}
+
+// fwdWait bounds a wait for what takes milliseconds on an idle machine:
+// generous, as a busy -race run stalls for seconds at times.
+const fwdWait = 20 * time.Second

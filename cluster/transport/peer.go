@@ -1,0 +1,289 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+	"github.com/ringlimit/ringlimit/cluster/wire"
+)
+
+// errPeerClosed completes the ops still queued to a peer client that closed.
+var errPeerClosed = errors.New("transport: peer client closed")
+
+// peerClient is the client side of one peer: a connection, a queue of
+// forwarded ops, fwdInflight sender goroutines that drain the queue into
+// Decide batches (each on its own DecideStream), and a probe goroutine
+// (suspect.go). close stops and joins
+// them all.
+type peerClient struct {
+	f      *Forwarder
+	id     string
+	addr   string
+	conn   *grpc.ClientConn
+	client peerpb.PeerClient
+
+	queue chan *fwdItem
+	ctx   context.Context // cancelled by close: ends in-flight RPCs
+	stop  context.CancelFunc
+	done  chan struct{} // closed by close
+	wg    sync.WaitGroup
+
+	unaryUntil   atomic.Int64 // f.mono() until which Decide calls replace DecideStream (the peer has none)
+	suspect      atomic.Bool
+	fails        atomic.Int32  // failures since the last answer
+	onTime       atomic.Int64  // f.mono() when p last answered a waiter in time (0: never)
+	suspectSince atomic.Int64  // f.mono() when suspect was set
+	wake         chan struct{} // capacity 1: wakes the probe
+	closeOnce    sync.Once
+	closeErr     error
+}
+
+func newPeerClient(f *Forwarder, id, addr string) (*peerClient, error) {
+	conn, err := grpc.NewClient(addr, f.dialOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("transport: dial peer %s at %s: %w", id, addr, err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	p := &peerClient{
+		f:      f,
+		id:     id,
+		addr:   addr,
+		conn:   conn,
+		client: peerpb.NewPeerClient(conn),
+		queue:  make(chan *fwdItem, max(f.maxBatch*fwdInflight, fwdMinQueue)),
+		ctx:    ctx,
+		stop:   stop,
+		done:   make(chan struct{}),
+		wake:   make(chan struct{}, 1),
+	}
+	conn.Connect() // be ready before the first forwarded op
+	p.wg.Add(fwdInflight + 1)
+	for range fwdInflight {
+		go p.sendLoop()
+	}
+	go p.probeLoop()
+	return p, nil
+}
+
+// enqueue queues it without blocking. ok is false when the queue is full or
+// the client is closed (closed is then true).
+func (p *peerClient) enqueue(it *fwdItem) (ok, closed bool) {
+	select {
+	case <-p.done:
+		return false, true
+	default:
+	}
+	select {
+	case p.queue <- it:
+		return true, false
+	default:
+		return false, false
+	}
+}
+
+// close stops the client: it cancels in-flight RPCs, joins the goroutines,
+// fails the ops still queued and closes the connection. Idempotent.
+func (p *peerClient) close() error {
+	p.closeOnce.Do(func() {
+		close(p.done)
+		p.stop()
+		p.wg.Wait()
+		p.failQueued()
+		p.closeErr = p.conn.Close()
+	})
+	return p.closeErr
+}
+
+// failQueued completes every queued item with errPeerClosed. An item queued
+// after this (a race with close) waits for its request's timeout.
+func (p *peerClient) failQueued() {
+	for {
+		select {
+		case it := <-p.queue:
+			it.complete(bucket.Result{}, errPeerClosed)
+		default:
+			return
+		}
+	}
+}
+
+// peerSendBuf is one sender's reusable request and its stream.
+type peerSendBuf struct {
+	batch []*fwdItem
+	req   peerpb.DecideRequest
+	ops   []peerpb.Op // backing store of req.Ops
+	ptrs  []*peerpb.Op
+
+	stream wire.Lockstep[peerpb.DecideRequest, peerpb.DecideResponse]
+	resp   peerpb.DecideResponse
+}
+
+// roundTrip sends b.req and returns the owner's answer: on the sender's
+// DecideStream (opened on first use, again after it ends or fails, and
+// before it is wire.StreamMaxAge old, so the owner's admission checks run
+// again), or with a Decide call when the owner does not serve DecideStream
+// (then for wire.StreamMaxAge, after which the stream is tried again). The
+// answer is good until the next roundTrip. A refusal the owner reports
+// in-band is returned as the status error Decide would have returned. The
+// whole exchange, opening the stream included, waits at most
+// max(Timeout, fwdMaxWait); a stream that does not answer in that time is
+// ended.
+func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
+	limit := max(p.f.timeout, fwdMaxWait)
+	if p.f.mono() < p.unaryUntil.Load() {
+		ctx, cancel := context.WithTimeout(p.ctx, limit)
+		defer cancel()
+		return p.client.Decide(ctx, &b.req)
+	}
+	err := b.stream.Exchange(p.ctx, limit, wire.StreamMaxAge, &b.req, &b.resp)
+	if status.Code(err) == codes.Unimplemented {
+		// The owner never ran a handler: send the batch again as a call.
+		now := p.f.mono()
+		if prev := p.unaryUntil.Swap(now + int64(wire.StreamMaxAge)); prev <= now {
+			p.f.log.Info("transport: peer has no DecideStream; using Decide calls", "peer", p.id, "addr", p.addr)
+		}
+		return p.roundTrip(b)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if b.resp.GetLast() {
+		b.stream.Drop()
+	}
+	if c := codes.Code(b.resp.GetCode()); c != codes.OK {
+		return nil, status.Error(c, b.resp.GetMessage())
+	}
+	return &b.resp, nil
+}
+
+// sendLoop takes whatever is queued, up to MaxBatch ops and
+// fwdMaxBatchBytes of keys, and sends it as one Decide batch; it never waits
+// for more ops to arrive.
+func (p *peerClient) sendLoop() {
+	defer p.wg.Done()
+	maxOps := p.f.maxBatch
+	b := &peerSendBuf{
+		batch: make([]*fwdItem, 0, maxOps),
+		ops:   make([]peerpb.Op, maxOps),
+		ptrs:  make([]*peerpb.Op, 0, maxOps),
+	}
+	b.req.From = p.f.self
+	b.stream.Open = p.client.DecideStream
+	defer b.stream.Drop()
+	var carry *fwdItem // taken from the queue but did not fit the last batch
+	for {
+		first := carry
+		carry = nil
+		if first == nil {
+			select {
+			case first = <-p.queue:
+			case <-p.done:
+				return
+			}
+		}
+		b.batch = append(b.batch[:0], first)
+		size := len(first.key)
+	fill:
+		for len(b.batch) < maxOps {
+			select {
+			case it := <-p.queue:
+				// A batch is relayed or not as a whole: an op of the other
+				// kind waits for the next batch.
+				if size+len(it.key) > fwdMaxBatchBytes || it.relayed != first.relayed {
+					carry = it
+					break fill
+				}
+				size += len(it.key)
+				b.batch = append(b.batch, it)
+			default:
+				break fill
+			}
+		}
+		p.decide(b)
+		clear(b.batch)
+	}
+}
+
+// decide sends b.batch as one Decide batch and completes its items.
+func (p *peerClient) decide(b *peerSendBuf) {
+	live := b.batch[:0]
+	b.ptrs = b.ptrs[:0]
+	b.req.DeadlineNs = 0
+	b.req.Relayed = len(b.batch) > 0 && b.batch[0].relayed
+	for _, it := range b.batch {
+		if it.state.Load() == fwdAbandoned {
+			continue // its waiter has decided it already: do not count it twice
+		}
+		o := &b.ops[len(live)]
+		o.Key = it.op.Key
+		o.Algorithm = uint32(it.op.Limit.Algorithm)
+		o.Requests = it.op.Limit.Requests
+		o.UnitNs = it.op.Limit.Unit
+		o.Hits = it.op.Hits
+		o.Mode = uint32(it.op.Mode)
+		o.Burst = it.op.Limit.Burst
+		b.ptrs = append(b.ptrs, o)
+		live = append(live, it)
+		if b.req.DeadlineNs == 0 || it.deadline < b.req.DeadlineNs {
+			// The earliest waiter: no op is applied after its waiter gave up.
+			b.req.DeadlineNs = it.deadline
+		}
+	}
+	if len(live) == 0 {
+		return
+	}
+	b.req.Ops = b.ptrs
+	start := time.Now()
+	resp, err := p.roundTrip(b)
+	p.f.m.rpcDuration.Observe(time.Since(start).Seconds())
+	p.f.m.batchSize.Observe(float64(len(live)))
+	for i := range b.ops[:len(live)] {
+		b.ops[i].Key = nil // do not pin the items' key buffers
+	}
+	if err == nil && len(resp.GetResults()) != len(live) {
+		err = fmt.Errorf("transport: peer %s answered %d results for %d ops", p.id, len(resp.GetResults()), len(live))
+	}
+	if err != nil {
+		// A refused batch means a protocol mismatch, not a down peer; a
+		// closing client is not the peer's fault either.
+		// A missed deadline was already noted by the waiters, as a timeout.
+		switch status.Code(err) {
+		case codes.InvalidArgument, codes.DeadlineExceeded:
+		default:
+			if p.ctx.Err() == nil {
+				p.noteFailure("error", err)
+			}
+		}
+		for _, it := range live {
+			it.complete(bucket.Result{}, err)
+		}
+		return
+	}
+	inTime := false
+	for i, it := range live {
+		r := resp.Results[i]
+		inTime = it.complete(bucket.Result{
+			Over:       r.GetOver(),
+			Count:      r.GetCount(),
+			Remaining:  r.GetRemaining(),
+			ResetAfter: r.GetResetAfterNs(),
+		}, nil) || inTime
+	}
+	if inTime {
+		// Only an answer someone still waited for clears the failures and
+		// counts as in time: a peer whose every answer comes after its
+		// callers gave up is as good as down for them.
+		p.fails.Store(0)
+		p.onTime.Store(p.f.mono())
+	}
+}
