@@ -258,7 +258,7 @@ func TestNodeAlgorithmsOverTheWire(t *testing.T) {
 // since the last send (here the interval is an hour, so only Close can), so
 // the hits an owner decided just before it stopped reach its replica.
 func TestNodeCloseShipsLastWrites(t *testing.T) {
-	nodes := nodeCluster(t, []string{"a", "b"}, func(c *NodeConfig) { c.ReplicateInterval = time.Hour })
+	nodes := nodeCluster(t, []string{"a", "b"}, func(c *NodeConfig) { c.Timing.ReplicateInterval = time.Hour })
 	a, b := nodes[0], nodes[1]
 	key := ""
 	for i := 0; key == ""; i++ {

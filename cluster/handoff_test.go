@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	clk "github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/cluster/replication"
@@ -25,9 +26,10 @@ import (
 // and waits until the loop has read the ring it started from.
 func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheus.Registry, key []byte, move func()) {
 	t.Helper()
-	clock := func() int64 { return int64(30 * time.Minute) }
+	at := time.Unix(0, int64(30*time.Minute))
+	clock := func() int64 { return at.UnixNano() }
 	st := bucket.NewStore(bucket.StoreConfig{})
-	n = &Node{self: "a", replicas: 1, clock: clock, log: slog.New(slog.DiscardHandler),
+	n = &Node{self: "a", replicas: 1, clock: fixedClock{clk.Real(), at}, log: slog.New(slog.DiscardHandler),
 		handoffKick: make(chan struct{}, 1)}
 	n.rec = replication.NewRecorder(st, false)
 	reg = prometheus.NewRegistry()
@@ -72,6 +74,14 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheu
 		n.handoffKick <- struct{}{}
 	}
 }
+
+// fixedClock is a clock whose Now stands still; its timers are real.
+type fixedClock struct {
+	clk.Clock
+	at time.Time
+}
+
+func (c fixedClock) Now() time.Time { return c.at }
 
 // fakeConns maps peer IDs to their clients.
 type fakeConns map[string]peerpb.PeerClient

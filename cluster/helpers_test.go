@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"slices"
 	"sort"
 	"strings"
@@ -16,7 +17,9 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+	"github.com/ringlimit/ringlimit/cluster/lifecycle"
 	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/cluster/transport"
@@ -31,16 +34,63 @@ const (
 	detect = 30 * time.Second
 )
 
-// nodeTestNode is one in-process Node: real memberlist on loopback (Preset
-// "local", port 0) and a real gRPC server on a loopback port.
+// nodeTestNode is one in-process Node: real memberlist on loopback (the
+// Local timing, port 0) and a real gRPC server on a loopback port; or, in a
+// synctest bubble, on a simulated network (simCluster).
 type nodeTestNode struct {
 	id    string
 	node  *Node
 	store *bucket.Store
 	reg   *prometheus.Registry
 	logs  *testkit.LogSink
-	mono  *atomic.Int64 // the pause detector's clock, ns
-	stop  func()        // stops gRPC and closes the node (idempotent)
+	clock *clock.Freezable  // the node's clock (simulated nodes)
+	dial  []grpc.DialOption // how tests dial it (simulated nodes; nil: loopback)
+	// holdLeave makes a drain stop before it announces the leave, until
+	// the node stops (nodeHandOff).
+	holdLeave atomic.Bool
+	leaveGate chan struct{}
+	stop      func() // stops gRPC and closes the node (idempotent)
+}
+
+// testConfig is the NodeConfig of a test node: the local timing, with
+// waits long enough that exactness does not depend on a busy -race run.
+func testConfig(tn *nodeTestNode, mc membership.Config) NodeConfig {
+	timing := Local()
+	// An owner that answers late is decided around: wait long for it (a
+	// crashed peer refuses connections and fails at once).
+	timing.ForwardTimeout = 5 * time.Second
+	// A crashed peer stays bypassed until the ring drops it, however long
+	// the test takes between two hits; a live one is cleared by the first
+	// probe it answers.
+	timing.SuspectFor = time.Minute
+	// A sync cut short leaves a joining node ready without the keys its
+	// tests check.
+	timing.SyncTimeout = 10 * time.Second
+	// Short, so that the tests' clusters settle quickly; nodeWaitRing
+	// waits for it to end.
+	timing.JoinRelay = 200 * time.Millisecond
+	tn.leaveGate = make(chan struct{})
+	return NodeConfig{
+		Membership: mc,
+		Store:      tn.store,
+		Timing:     timing,
+		Registerer: tn.reg,
+		Logger:     slog.New(tn.logs),
+		hooks: &testHooks{beforeLeave: func() {
+			if tn.holdLeave.Load() {
+				<-tn.leaveGate
+			}
+		}},
+	}
+}
+
+// release lets a held drain go on (see holdLeave).
+func (tn *nodeTestNode) release() {
+	select {
+	case <-tn.leaveGate:
+	default:
+		close(tn.leaveGate)
+	}
 }
 
 // nodeStart starts node id joining join and stops it when the test ends.
@@ -52,42 +102,27 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 		store: bucket.NewStore(bucket.StoreConfig{}),
 		reg:   prometheus.NewRegistry(),
 		logs:  &testkit.LogSink{},
-		mono:  new(atomic.Int64),
 	}
-	cfg := NodeConfig{
-		Membership: membership.Config{
-			ID:             id,
-			GRPCAddr:       lis.Addr().String(),
-			BindAddr:       "127.0.0.1:0",
-			Join:           join,
-			RejoinInterval: time.Hour,
-			Preset:         "local",
-		},
-		Store: tn.store,
-		// Exactness must not depend on a busy -race run: an owner that
-		// answers late is decided around, so wait long for it (a crashed
-		// peer refuses connections and fails at once, not after Timeout).
-		Timeout: 5 * time.Second,
-		// A crashed peer stays bypassed until the ring drops it, however
-		// long the test takes between two hits; a live one is cleared by
-		// the first probe it answers.
-		SuspectFor: time.Minute,
-		// A sync cut short leaves a joining node ready without the keys
-		// its tests check.
-		SyncTimeout: 10 * time.Second,
-		// Short, so that the tests' clusters settle quickly; nodeWaitRing
-		// waits for it to end.
-		JoinRelay:  200 * time.Millisecond,
-		Registerer: tn.reg,
-		Logger:     slog.New(tn.logs),
-		monoClock:  func() time.Duration { return time.Duration(tn.mono.Load()) },
-	}
+	cfg := testConfig(tn, membership.Config{
+		ID:             id,
+		GRPCAddr:       lis.Addr().String(),
+		BindAddr:       "127.0.0.1:0",
+		Join:           join,
+		RejoinInterval: time.Hour,
+	})
+	return runNode(t, tn, cfg, lis, tweak)
+}
+
+// runNode starts tn's node with cfg (changed by tweak) and its gRPC server
+// on lis, and stops both when the test ends.
+func runNode(t *testing.T, tn *nodeTestNode, cfg NodeConfig, lis net.Listener, tweak func(*NodeConfig)) *nodeTestNode {
+	t.Helper()
 	if tweak != nil {
 		tweak(&cfg)
 	}
 	n, err := NewNode(cfg)
 	if err != nil {
-		t.Fatalf("NewNode(%s): %v", id, err)
+		t.Fatalf("NewNode(%s): %v", tn.id, err)
 	}
 	tn.node = n
 	srv := grpc.NewServer(transport.ServerOptions()...)
@@ -101,17 +136,18 @@ func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) 
 	var once sync.Once
 	tn.stop = func() {
 		once.Do(func() {
+			tn.release()
 			srv.Stop()
 			wg.Wait()
 			if err := n.Close(); err != nil {
-				t.Errorf("close %s: %v", id, err)
+				t.Errorf("close %s: %v", tn.id, err)
 			}
 		})
 	}
 	t.Cleanup(func() {
 		tn.stop()
 		if t.Failed() {
-			t.Logf("%s log:\n%s", id, tn.logs.Dump())
+			t.Logf("%s log:\n%s", tn.id, tn.logs.Dump())
 		}
 	})
 	return tn
@@ -144,11 +180,11 @@ func nodeWaitRing(t *testing.T, on, want []*nodeTestNode) {
 	sort.Strings(ids)
 	for _, n := range on {
 		testkit.WaitFor(t, detect, fmt.Sprintf("%s ready with ring %v, not relaying", n.id, ids), func() bool {
-			if !n.node.Ready() || !slices.Equal(n.node.view.Load().ring.Members(), ids) || n.node.relaying.Load() {
+			if st := n.node.Status(); !st.Ready || !slices.Equal(st.Ring, ids) || st.Route.Relay != lifecycle.RelayNone {
 				return false
 			}
 			// ... and sees no member relay: a relaying member is left out
-			// of where a node relays to (view.relayTo).
+			// of where a node relays to (view.relay).
 			for _, m := range n.node.Membership().Alive() {
 				if m.Relaying {
 					return false

@@ -23,8 +23,9 @@ func TestNodeConfigErrors(t *testing.T) {
 		{"no store", NodeConfig{Membership: mc}},
 		{"replicas negative", NodeConfig{Membership: mc, Store: store, Replicas: -1}},
 		{"replicas too many", NodeConfig{Membership: mc, Store: store, Replicas: MaxReplicas + 1}},
-		{"negative interval", NodeConfig{Membership: mc, Store: store, ReplicateInterval: -time.Second}},
-		{"negative sync timeout", NodeConfig{Membership: mc, Store: store, SyncTimeout: -time.Second}},
+		{"negative interval", NodeConfig{Membership: mc, Store: store, Timing: Timing{ReplicateInterval: -time.Second}}},
+		{"negative sync timeout", NodeConfig{Membership: mc, Store: store, Timing: Timing{SyncTimeout: -time.Second}}},
+		{"unknown gossip profile", NodeConfig{Membership: mc, Store: store, Timing: Timing{Gossip: "wan"}}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -9,7 +9,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
-	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/lifecycle"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/ring"
 )
@@ -36,9 +36,7 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 		other = nodes[1]
 	}
 	nodeHit(t, other, key, 5) // decided by c
-	if err := c.node.handOff(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	nodeHandOff(t, c)
 	if got := nodeCount(next, key); got != 5 {
 		t.Fatalf("after the hand-off the new owner holds %d, want 5", got)
 	}
@@ -73,9 +71,7 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 	// leave: c relays to it, and it applies the relayed batch instead of
 	// sending it back; its own entry ops go to c unrelayed, which relays
 	// them back to it. One counter still.
-	if err := next.node.handOff(context.Background()); err != nil {
-		t.Fatal(err)
-	}
+	nodeHandOff(t, next)
 	for i, via := range []*nodeTestNode{other, next, other, next} {
 		if r := nodeHit(t, via, key, 1); r.Count != uint64(12+i) {
 			t.Fatalf("hit %d via %s with two nodes leaving: count %d, want %d", i+1, via.id, r.Count, 12+i)
@@ -95,7 +91,7 @@ func TestNodeLeavingNodeRelays(t *testing.T) {
 func TestNodeJoiningNodeRelays(t *testing.T) {
 	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
 	c := joiners[0]
-	if !c.node.relaying.Load() {
+	if !nodeRelaying(c) {
 		t.Fatal("c does not relay after going ready")
 	}
 	key := ""
@@ -104,7 +100,7 @@ func TestNodeJoiningNodeRelays(t *testing.T) {
 			key = k
 		}
 	}
-	prevID, _ := c.node.view.Load().relayTo.Owner([]byte(key))
+	prevID, _ := c.node.view.Load().relay.Owner([]byte(key))
 	prev := nodeByID(nodes, prevID)
 	// A peer that has not seen c ready yet sends the key to prev, whose
 	// peer server applies it: prev's store applies the op directly.
@@ -135,10 +131,7 @@ func TestNodeJoiningNodeRelays(t *testing.T) {
 	// The relay ends: c decides the key, from the count prev replicated to
 	// it (prev's ring has c as the key's owner).
 	testkit.WaitFor(t, quick, "prev's count to reach c", func() bool { return nodeCount(c, key) == uint64(len(vias)) })
-	c.node.viewMu.Lock()
-	gen := c.node.joinGen
-	c.node.viewMu.Unlock()
-	c.node.endJoinRelay(gen, false)
+	nodeEndRelay(t, c)
 	for i, via := range []string{"a", "b", "c"} {
 		want := uint64(len(vias) + i + 1)
 		if r := hit(i, via); r.Count != want {
@@ -168,8 +161,8 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 			key = k
 		}
 	}
-	prevID, _ := c.node.view.Load().relayTo.Owner([]byte(key))
-	if dPrev, _ := d.node.view.Load().relayTo.Owner([]byte(key)); dPrev != prevID || (prevID != "a" && prevID != "b") {
+	prevID, _ := c.node.view.Load().relay.Owner([]byte(key))
+	if dPrev, _ := d.node.view.Load().relay.Owner([]byte(key)); dPrev != prevID || (prevID != "a" && prevID != "b") {
 		t.Fatalf("c relays %s to %s, d to %s: want one of a and b, the same", key, prevID, dPrev)
 	}
 	for i, via := range []*nodeTestNode{c, d, nodes[0], nodes[1], d, c} {
@@ -180,10 +173,7 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 	// c's relay ends while d's goes on: c decides its key, from the count
 	// replicated to it, and d (which does not own the key) sends it there.
 	testkit.WaitFor(t, quick, "the count to reach c", func() bool { return nodeCount(c, key) == 6 })
-	c.node.viewMu.Lock()
-	gen := c.node.joinGen
-	c.node.viewMu.Unlock()
-	c.node.endJoinRelay(gen, false)
+	nodeEndRelay(t, c)
 	for i, via := range []*nodeTestNode{d, c, nodes[0], d, nodes[1]} {
 		want := uint64(7 + i)
 		if r := nodeHit(t, via, key, 1); r.Count != want || nodeCount(c, key) != want {
@@ -204,7 +194,7 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 	key := ""
 	for i := 0; key == ""; i++ {
 		k := fmt.Sprintf("drainjoin-%d", i)
-		if o, _ := d.node.view.Load().relayTo.Owner([]byte(k)); o == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
+		if o, _ := d.node.view.Load().relay.Owner([]byte(k)); o == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
 			key = k
 		}
 	}
@@ -213,10 +203,8 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 			t.Fatalf("hit %d via d while it relays: count %d, b holds %d", i+1, r.Count, nodeCount(b, key))
 		}
 	}
-	if err := b.node.handOff(context.Background()); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, quick, "d to end its relay", func() bool { return !d.node.relaying.Load() })
+	nodeHandOff(t, b)
+	testkit.WaitFor(t, quick, "d to end its relay", func() bool { return !nodeRelaying(d) })
 	// d's Envoys, a peer that has not seen d (it sends the key to b, which
 	// relays it), a peer that has (to d), one that has seen b drain: all
 	// at d, from the count b pushed.
@@ -245,7 +233,7 @@ func TestNodeJoinRelayForwardsOthersKeys(t *testing.T) {
 			key = k
 		}
 	}
-	prev, _ := d.node.view.Load().relayTo.Owner([]byte(key))
+	prev, _ := d.node.view.Load().relay.Owner([]byte(key))
 	counts := []uint64{nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count, nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count}
 	if !slices.Equal(counts, []uint64{1, 2, 3, 4}) {
 		t.Fatalf("counts via a peer to c, d's Envoys, a peer to c, d's Envoys: %v, want 1 to 4 (one counter, at %s)", counts, prev)
@@ -272,7 +260,7 @@ func nodeJoinRelayCluster(t *testing.T, settled, joining []string) (nodes, joine
 	nodes = nodeCluster(t, settled, nil)
 	join := []string{nodes[0].node.Membership().Self().Addr}
 	for _, id := range joining {
-		joiners = append(joiners, nodeStart(t, id, join, func(cfg *NodeConfig) { cfg.JoinRelay = time.Hour }))
+		joiners = append(joiners, nodeStart(t, id, join, func(cfg *NodeConfig) { cfg.Timing.JoinRelay = time.Hour }))
 	}
 	ids := slices.Sorted(slices.Values(append(slices.Clone(settled), joining...)))
 	for _, n := range append(slices.Clone(nodes), joiners...) {
@@ -292,22 +280,25 @@ func nodeJoinRelayCluster(t *testing.T, settled, joining []string) (nodes, joine
 	return nodes, joiners
 }
 
-// TestNodeDrainCutsLaterJoinRelay: a drain ends the join relay that is
-// current, also when a pause re-sync began it while the loop still waited
-// out an earlier one.
-func TestNodeDrainCutsLaterJoinRelay(t *testing.T) {
-	nodes, joiners := nodeJoinRelayCluster(t, []string{"a", "b"}, []string{"c"})
-	c := joiners[0]
-	// A second relay begins, as setReady(true) after a pause re-sync
-	// would begin it: the loop is still waiting on the first's timer.
-	c.node.readyMu.Lock()
-	again := c.node.beginJoinRelay()
-	c.node.readyMu.Unlock()
-	if !again {
-		t.Fatal("the second join relay did not begin")
-	}
-	if err := nodes[1].node.m.SetFlags(membership.Flags{Ready: true, Draining: true}); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, quick, "the drain to end c's relay", func() bool { return !c.node.relaying.Load() })
+// nodeHandOff has n drain until it relays every op to the keys' new
+// owners, and holds it there, before it announces its leave, until the
+// test ends: its peers still have it in their rings.
+func nodeHandOff(t *testing.T, n *nodeTestNode) {
+	t.Helper()
+	n.holdLeave.Store(true)
+	go n.node.Drain(context.Background()) // returns when the node closes
+	testkit.WaitFor(t, quick, n.id+" to hand off and relay", func() bool {
+		return n.node.Status().Phase == lifecycle.Leaving
+	})
+}
+
+// nodeRelaying reports whether n relays ops rather than deciding them.
+func nodeRelaying(n *nodeTestNode) bool { return n.node.Status().Route.Relay != lifecycle.RelayNone }
+
+// nodeEndRelay ends n's join relay as its timer would, and waits until it
+// decides its keys.
+func nodeEndRelay(t *testing.T, n *nodeTestNode) {
+	t.Helper()
+	n.node.post(event{endRelay: true})
+	testkit.WaitFor(t, quick, n.id+" to end its join relay", func() bool { return !nodeRelaying(n) })
 }

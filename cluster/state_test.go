@@ -35,7 +35,11 @@ func replEntry(key string, count uint64) *peerpb.Entry {
 // replDial returns a Peer client of the node n.
 func replDial(t *testing.T, n *nodeTestNode) peerpb.PeerClient {
 	t.Helper()
-	conn, err := grpc.NewClient(n.node.selfAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	opts := []grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}
+	if n.dial != nil {
+		opts = n.dial // a simulated node: over the simulated network
+	}
+	conn, err := grpc.NewClient(n.node.selfAddr, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}

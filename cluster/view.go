@@ -4,147 +4,41 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ringlimit/ringlimit/cluster/lifecycle"
 	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
-// view is one consistent picture of the cluster: the ring and where each of
-// its members answers. Immutable once published.
+// view is what the lifecycle last published: its phase and route, and the
+// three rings of lifecycle.State.Rings built. Ops, the peer server and the
+// replicator read it without locks. Immutable once published.
 type view struct {
-	ring *ring.Ring
-	// targets places the replicas of this node's writes: ring, or ring
-	// without this node while it drains.
-	targets *ring.Ring
-	// relayTo places the ops this node relays (Node.relaying). For a
-	// draining node it is targets. For a node in its join relay it is the
-	// ring of the peers that were settled when the relay began
-	// (Node.joinSettled) and still are (neither relaying nor draining), so
-	// that two joining nodes send a key to the same previous owner, which
-	// does not change while the relay lasts; ring if there are none. When
-	// this node does not relay it is ring.
-	relayTo *ring.Ring
-	addrs   map[string]string // ID -> gRPC address
-	built   time.Time
+	phase lifecycle.Phase
+	since time.Time
+	route lifecycle.Route
+	// ring owns keys; targets places the replicas of this node's writes;
+	// relay places the ops it relays (see lifecycle.Relay).
+	ring, targets, relay *ring.Ring
+	addrs                map[string]string  // ID -> gRPC address
+	members              []lifecycle.Member // the live peers the rings were built from
+	built                time.Time
 }
 
-// onChange records the membership's view and rebuilds the ring. It runs on
-// the membership's notifier goroutine, one call at a time.
-func (n *Node) onChange(alive []membership.Member) {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	n.alive = alive
-	n.rebuildLocked()
-}
-
-// rebuild rebuilds the ring from the last membership view, after this
-// node's own readiness changed.
-func (n *Node) rebuild() {
-	n.viewMu.Lock()
-	defer n.viewMu.Unlock()
-	n.rebuildLocked()
-}
-
-// rebuildLocked builds the ring of the ready alive members (this node when
-// it is ready, per its own flag, which is ahead of its gossip) and publishes
-// it; a changed ring wakes the handoff. n.viewMu is held.
-func (n *Node) rebuildLocked() {
-	var ids, others, settled []string
-	draining, joinRelaying := n.draining.Load(), n.joinRelaying.Load()
-	someDraining := false
-	addrs := map[string]string{n.self: n.selfAddr}
-	for _, m := range n.alive {
-		switch {
-		case m.ID == n.self:
-			if n.ready.Load() {
-				ids = append(ids, m.ID)
-			}
-		case m.Ready:
-			ids = append(ids, m.ID)
-			others = append(others, m.ID)
-			if joinRelaying && settledPeer(m) && n.joinSettled[m.ID] {
-				settled = append(settled, m.ID)
-			}
-			if m.Draining {
-				someDraining = true
-			}
-			addrs[m.ID] = m.GRPCAddr
-		}
-	}
-	r, err := ring.New(ids, n.ringCfg)
-	if err != nil {
-		n.log.Error("ring rebuild failed; keeping the previous ring", "members", ids, "err", err)
-		return
-	}
-	targets, relayTo := r, r
-	if draining && len(others) != len(ids) {
-		if targets, err = ring.New(others, n.ringCfg); err != nil {
-			n.log.Error("ring rebuild failed; keeping the previous ring", "members", others, "err", err)
-			return
-		}
-		relayTo = targets
-	}
-	if !draining && joinRelaying && len(settled) > 0 && len(settled) != len(ids) {
-		if relayTo, err = ring.New(settled, n.ringCfg); err != nil {
-			n.log.Error("ring rebuild failed; keeping the previous ring", "members", settled, "err", err)
-			return
-		}
-	}
-	changed := !ringSameMembers(n.view.Load().ring, r)
-	if changed {
-		// Before the ring is published: no op decides a newly owned key
-		// from a count below what its last owner told this node.
-		n.rec.Adopt(n.clock(), func(key []byte) bool {
-			id, ok := r.Owner(key)
-			return ok && id == n.self
-		})
-	}
-	peers := make(map[string]string, len(others))
-	for _, id := range others {
-		peers[id] = addrs[id]
-	}
-	// New members get their clients before the ring routes to them (an op
-	// for a key whose owner has no client is decided here, and the owner
-	// never counts it); members gone lose theirs only after it stops.
-	n.fwd.AddPeers(peers)
-	n.view.Store(&view{ring: r, targets: targets, relayTo: relayTo, addrs: addrs, built: time.Now()})
-	if joinRelaying && someDraining {
-		// A draining node relays to the joining ones: the join relay
-		// ends, so that a key is not sent from each to the other.
-		select {
-		case n.joinCut <- struct{}{}:
-		default:
-		}
-	}
-	n.fwd.SetPeers(peers)
-	n.metrics.members.Set(float64(len(ids)))
-	if changed {
-		n.metrics.rebuilds.Inc()
-		n.log.Info("ring rebuilt", "members", ids)
-		select {
-		case n.handoffKick <- struct{}{}:
-		default:
-		}
-	}
-}
-
-// placement is the ring key's decisions follow in v: the ring, or while
-// this node relays (Node.relaying) the ring of the members that take
-// its keys over (it leaves: every key) or still hold them (it has just
-// joined: the keys it owns on the ring; the others are decided where the
-// ring places them, as the other nodes do).
+// placement is the ring an op for key follows in v: the state's route
+// names it (lifecycle.Relay).
 func (n *Node) placement(v *view, key []byte) *ring.Ring {
-	if !n.relaying.Load() {
-		return v.ring
-	}
-	if !n.draining.Load() {
-		if id, ok := v.ring.Owner(key); !ok || id != n.self {
-			return v.ring
+	switch v.route.Relay {
+	case lifecycle.RelayAll:
+		return v.relay
+	case lifecycle.RelayOwn:
+		if id, ok := v.ring.Owner(key); ok && id == n.self {
+			return v.relay
 		}
 	}
-	return v.relayTo
+	return v.ring
 }
 
-// Owner implements Owners from the current ring snapshot, without locks.
+// Owner implements transport.Owners from the current view, without locks.
 func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	v := n.view.Load()
 	id, ok := n.placement(v, key).Owner(key)
@@ -154,7 +48,7 @@ func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	return id, v.addrs[id], false
 }
 
-// Holder implements Holders from the current ring snapshot: the i-th of
+// Holder implements transport.Holders from the current view: the i-th of
 // the key's first Replicas distinct successors. It takes no lock and does
 // not allocate.
 func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
@@ -169,9 +63,95 @@ func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
 	return s[i], s[i] == n.self, true
 }
 
-// settledPeer reports whether m is where a join relay may send a key: a
-// ready member that neither relays itself nor drains.
-func settledPeer(m membership.Member) bool { return m.Ready && !m.Relaying && !m.Draining }
+// policy is a Node as its peer server's transport.Policy.
+type policy Node
+
+// Serving answers Decide and Ping while the route says so, unless a pause
+// was detected that the lifecycle has not stepped yet (see stalled).
+func (p *policy) Serving() bool {
+	n := (*Node)(p)
+	return n.view.Load().route.Serve && n.pauses.Load() == n.pausesSeen.Load() && !n.stalled()
+}
+
+// Relaying reports whether the node relays the batches it is sent.
+func (p *policy) Relaying() bool { return p.view.Load().route.Relay != lifecycle.RelayNone }
+
+// MarkRelay reports whether a relayed op for key is marked relayed, so
+// that its receiver applies it: every op of a departing node; in a join
+// relay, those for the keys the ring gives this node. An op for another
+// key (sent here by a peer whose view differs) goes on unmarked to its
+// owner, which relays it in turn if it has just joined too.
+func (p *policy) MarkRelay(key []byte) bool {
+	v := p.view.Load()
+	if v.route.Relay == lifecycle.RelayAll {
+		return true
+	}
+	id, ok := v.ring.Owner(key)
+	return ok && id == p.self
+}
+
+// publish builds the rings of st and publishes them with its route. A ring
+// change first adopts the owners' last answers for the keys this node now
+// owns (no op decides such a key from a count below what its last owner
+// told this node), gives new members their clients before the ring routes
+// to them, and wakes the handoff. It runs on the lifecycle goroutine.
+func (n *Node) publish(st lifecycle.State, alive []membership.Member) {
+	prev := n.view.Load()
+	ringIDs, targetIDs, relayIDs := st.Rings()
+	build := func(ids []string, reuse ...*ring.Ring) *ring.Ring {
+		for _, r := range reuse {
+			if r != nil && slices.Equal(r.Members(), ids) {
+				return r
+			}
+		}
+		r, err := ring.New(ids, n.ringCfg)
+		if err != nil {
+			n.log.Error("ring rebuild failed; keeping the previous ring", "members", ids, "err", err)
+			return nil
+		}
+		return r
+	}
+	r := build(ringIDs, prev.ring)
+	targets := build(targetIDs, r, prev.targets)
+	relay := build(relayIDs, r, targets, prev.relay)
+	if r == nil || targets == nil || relay == nil {
+		return
+	}
+	addrs := map[string]string{n.self: n.selfAddr}
+	peers := map[string]string{}
+	for _, m := range alive {
+		if m.ID != n.self && m.Ready {
+			addrs[m.ID] = m.GRPCAddr
+			peers[m.ID] = m.GRPCAddr
+		}
+	}
+	changed := r != prev.ring
+	if changed {
+		n.rec.Adopt(n.clock.Now().UnixNano(), func(key []byte) bool {
+			id, ok := r.Owner(key)
+			return ok && id == n.self
+		})
+	}
+	n.fwd.AddPeers(peers)
+	phase, since := st.Phase()
+	n.view.Store(&view{phase: phase, since: since, route: st.Route(), ring: r, targets: targets, relay: relay,
+		addrs: addrs, members: st.Members(), built: n.clock.Now()})
+	n.fwd.SetPeers(peers)
+	n.metrics.members.Set(float64(r.Len()))
+	if st.Route().InRing {
+		n.metrics.ready.Set(1)
+	} else {
+		n.metrics.ready.Set(0)
+	}
+	if changed {
+		n.metrics.rebuilds.Inc()
+		n.log.Info("ring rebuilt", "members", ringIDs)
+		select {
+		case n.handoffKick <- struct{}{}:
+		default:
+		}
+	}
+}
 
 // ringSameMembers reports whether two rings place keys identically: rings
 // built with one Config from the same members do.

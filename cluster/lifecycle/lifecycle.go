@@ -148,6 +148,10 @@ func (s State) Phase() (Phase, time.Time) { return s.phase, s.since }
 // Route returns how the node treats ops now.
 func (s State) Route() Route { return s.route }
 
+// RelayGen returns the number of the current (or last) join relay: the Gen
+// of its RelayTimer.
+func (s State) RelayGen() uint64 { return s.relayGen }
+
 // Members returns the live peers the state was last told of. The slice is
 // shared: do not modify it.
 func (s State) Members() []Member { return s.members }

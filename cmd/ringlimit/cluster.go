@@ -30,10 +30,13 @@ type clusterNode struct {
 // startCluster joins the cluster named by --join. grpcAddr is the bound gRPC
 // listener; peers dial it at the advertised host, with dial (nil:
 // plaintext).
-func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock func() int64, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption) (*clusterNode, error) {
+func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption) (*clusterNode, error) {
 	adv, err := advertisedGRPC(c, grpcAddr)
 	if err != nil {
 		return nil, err
+	}
+	if c.nodeNameFromHost {
+		log.Warn("cluster: --node-name not set: this node's identity is its hostname; two nodes on one host (or with one hostname) would claim the same identity, and the later one exits: give each node its own --node-name", "node_name", c.NodeName)
 	}
 	var key []byte
 	if c.GossipKeyFile != "" {
@@ -56,7 +59,6 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, clock fu
 		},
 		Store:       store,
 		Replicas:    c.Replicas,
-		Clock:       clock,
 		DialOptions: dial,
 		Registerer:  reg,
 		Logger:      log,

@@ -45,13 +45,15 @@ type serveConfig struct {
 	MaxRequestSize  int
 	ShutdownTimeout time.Duration
 
-	NodeName      string
-	GossipAddr    string
-	AdvertiseAddr string
-	Join          string
-	GossipKeyFile string
-	ClusterName   string
-	Replicas      int
+	NodeName string
+	// nodeNameFromHost: --node-name was not set and is the hostname.
+	nodeNameFromHost bool
+	GossipAddr       string
+	AdvertiseAddr    string
+	Join             string
+	GossipKeyFile    string
+	ClusterName      string
+	Replicas         int
 
 	PeerTLSCert string
 	PeerTLSKey  string
@@ -261,7 +263,7 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 		if err != nil {
 			return nil, nil, fmt.Errorf("serve: --node-name not set and no hostname: %w", err)
 		}
-		c.NodeName = h
+		c.NodeName, c.nodeNameFromHost = h, true
 	}
 	for _, name := range env.names() {
 		for _, p := range ignoredEnvPrefixes {

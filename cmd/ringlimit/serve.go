@@ -119,7 +119,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	var node *clusterNode
 	var members aliveLister
 	if len(c.joinList()) > 0 {
-		node, err = startCluster(c, grpcLis.Addr().String(), store, clock, reg, log, tlsf.peerDialOptions())
+		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions())
 		if err != nil {
 			grpcLis.Close()
 			httpLis.Close()
@@ -260,10 +260,15 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		"config", c.Config, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil)
 
 	var runErr error
+	var fatal <-chan error // a node whose identity another live member holds
+	if node != nil {
+		fatal = node.node.Fatal()
+	}
 	select {
 	case <-ctx.Done():
 		log.Info("shutting down", "timeout", c.ShutdownTimeout)
 	case runErr = <-errc:
+	case runErr = <-fatal:
 	}
 
 	// Drain: stop answering ready, hand counters off and leave the cluster,
