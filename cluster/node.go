@@ -214,12 +214,13 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	n.rec = replication.NewRecorder(cfg.Store, n.replicas > 1)
 	n.setServing(false) // until synced
 	n.lastTick.Store(int64(n.mono()))
+	clk := nodeClock(cfg.Clock)
 	n.fwd, err = transport.NewForwarder(transport.ForwarderConfig{
 		Self:        n.self,
 		Local:       n.rec,
 		Owners:      n,
 		Policy:      (*policy)(n),
-		Clock:       n.clock,
+		Clock:       clk,
 		DialOptions: cfg.DialOptions,
 		MaxBatch:    cfg.MaxBatch,
 		Timeout:     cfg.Timeout,
