@@ -32,7 +32,7 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheu
 	n.rec = replication.NewRecorder(st, false)
 	reg = prometheus.NewRegistry()
 	repl, err := replication.New(replication.Config{
-		Self: "a", Replicas: 1, Recorder: n.rec, Clock: clock, SyncTimeout: time.Second,
+		Self: "a", Replicas: 1, Recorder: n.rec, Clock: nodeClock(clock), SyncTimeout: time.Second,
 		Ring: func() *ring.Ring { return n.view.Load().ring }, Conns: fakeConns{"b": b}, Registerer: reg,
 	})
 	if err != nil {

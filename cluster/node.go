@@ -236,7 +236,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		Self:        n.self,
 		Replicas:    n.replicas,
 		Recorder:    n.rec,
-		Clock:       n.clock,
+		Clock:       clk,
 		Interval:    cfg.ReplicateInterval,
 		SyncTimeout: cmp.Or(cfg.SyncTimeout, DefaultSyncTimeout),
 		RingConfig:  n.ringCfg,
