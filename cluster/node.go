@@ -58,7 +58,9 @@ type NodeConfig struct {
 	// (every PauseThreshold/10) that means this process was frozen; 0
 	// means DefaultPauseThreshold, negative disables detection.
 	PauseThreshold time.Duration
-	// Clock returns Unix nanoseconds; nil means the wall clock.
+	// Clock returns Unix nanoseconds; nil means the wall clock. The
+	// forwarder, replication and membership (unless Membership.Clock is
+	// set) tell the time by it, with the system's timers.
 	Clock func() int64
 	// DialOptions, Timeout, SuspectFor and MaxBatch are passed to the
 	// forwarder (zero: its defaults).
@@ -256,6 +258,9 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	mc := cfg.Membership
 	if mc.Logger == nil {
 		mc.Logger = cfg.Logger
+	}
+	if mc.Clock == nil {
+		mc.Clock = clk
 	}
 	n.m, err = membership.New(mc, n.onChange)
 	if err != nil {
