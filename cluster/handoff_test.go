@@ -27,14 +27,14 @@ import (
 func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheus.Registry, key []byte, move func()) {
 	t.Helper()
 	at := time.Unix(0, int64(30*time.Minute))
-	clock := func() int64 { return at.UnixNano() }
+	fixed := fixedClock{clk.Real(), at}
 	st := bucket.NewStore(bucket.StoreConfig{})
-	n = &Node{self: "a", replicas: 1, clock: fixedClock{clk.Real(), at}, log: slog.New(slog.DiscardHandler),
+	n = &Node{self: "a", replicas: 1, clock: fixed, log: slog.New(slog.DiscardHandler),
 		handoffKick: make(chan struct{}, 1)}
 	n.rec = replication.NewRecorder(st, false)
 	reg = prometheus.NewRegistry()
 	repl, err := replication.New(replication.Config{
-		Self: "a", Replicas: 1, Recorder: n.rec, Clock: clock, SyncTimeout: time.Second,
+		Self: "a", Replicas: 1, Recorder: n.rec, Clock: fixed, SyncTimeout: time.Second,
 		Ring: func() *ring.Ring { return n.view.Load().ring }, Conns: fakeConns{"b": b}, Registerer: reg,
 	})
 	if err != nil {
@@ -57,7 +57,7 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheu
 		}
 	}
 	op := bucket.Op{Key: key, Limit: bucket.Limit{Requests: 100, Unit: int64(time.Hour)}, Hits: 7}
-	st.Apply(clock(), &op)
+	st.Apply(at.UnixNano(), &op)
 
 	n.wg.Add(1)
 	go n.handoffLoop()

@@ -175,14 +175,13 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 			return nil, fmt.Errorf("cluster: node: register metrics: %w", err)
 		}
 	}
-	unixNano := func() int64 { return n.clock.Now().UnixNano() }
 	n.rec = replication.NewRecorder(cfg.Store, n.replicas > 1)
 	n.fwd, err = transport.NewForwarder(transport.ForwarderConfig{
 		Self:        n.self,
 		Local:       n.rec,
 		Owners:      n,
 		Policy:      (*policy)(n),
-		Clock:       unixNano,
+		Clock:       n.clock,
 		DialOptions: cfg.DialOptions,
 		MaxBatch:    cfg.MaxBatch,
 		Timeout:     timing.ForwardTimeout,
@@ -198,7 +197,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		Self:        n.self,
 		Replicas:    n.replicas,
 		Recorder:    n.rec,
-		Clock:       unixNano,
+		Clock:       n.clock,
 		Interval:    timing.ReplicateInterval,
 		SyncTimeout: timing.SyncTimeout,
 		RingConfig:  n.ringCfg,
@@ -218,6 +217,9 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	mc := cfg.Membership
 	mc.Logger = cmp.Or(mc.Logger, cfg.Logger)
 	mc.Preset = cmp.Or(mc.Preset, timing.Gossip)
+	if mc.Clock == nil {
+		mc.Clock = n.clock
+	}
 	n.m, err = membership.New(mc, n.onChange)
 	if err != nil {
 		n.cancel()

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/cluster/clock"
 )
 
 // Config configures New. Zero values of optional fields
@@ -59,6 +61,13 @@ type Config struct {
 	// memberlist.DefaultLANConfig) or "local" (memberlist.DefaultLocalConfig:
 	// faster failure detection, for tests on loopback).
 	Preset string
+	// Clock times this package's own loops and records: join backoff and
+	// re-joins, retries of dead members, the settling of event bursts, how
+	// long dead and left members are remembered (and left ones admitted,
+	// LeftGrace), leave deadlines, the spacing of key warnings, and the
+	// start time gossiped in the metadata. memberlist's own timing (probes,
+	// gossip, failure detection) is not on it. Nil means clock.Real().
+	Clock clock.Clock
 }
 
 const (
@@ -97,7 +106,8 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	if host, _, err := splitPort(cfg.GRPCAddr); err != nil || host == "" {
 		return nil, fmt.Errorf("membership: Config.GRPCAddr: %q is not host:port", cfg.GRPCAddr)
 	}
-	if _, err := encodeMeta(nodeMeta{ID: cfg.ID, GRPCAddr: cfg.GRPCAddr, Started: time.Now().UnixNano()}); err != nil {
+	cfg.Clock = clock.Or(cfg.Clock)
+	if _, err := encodeMeta(nodeMeta{ID: cfg.ID, GRPCAddr: cfg.GRPCAddr, Started: cfg.Clock.Now().UnixNano()}); err != nil {
 		return nil, err
 	}
 

@@ -49,7 +49,7 @@ func (m *Membership) observe(n *memberlist.Node, gone bool) {
 	meta, err := decodeMeta(n.Meta) // copies: n is memberlist's
 	addr := net.JoinHostPort(n.Addr.String(), strconv.Itoa(int(n.Port)))
 	name := n.Name
-	now := time.Now()
+	now := m.clock.Now()
 
 	m.mu.Lock()
 	if err != nil {
@@ -122,7 +122,7 @@ func (m *Membership) notifyLoop() {
 	defer m.wg.Done()
 	last := []Member{m.Self()}
 	m.onChange(slices.Clone(last))
-	settle := time.NewTimer(time.Hour)
+	settle := m.clock.NewTimer(time.Hour)
 	settle.Stop()
 	defer settle.Stop()
 	for {
@@ -135,7 +135,7 @@ func (m *Membership) notifyLoop() {
 		select {
 		case <-m.done:
 			return
-		case <-settle.C:
+		case <-settle.C():
 		}
 		alive := m.Alive()
 		if slices.Equal(alive, last) {

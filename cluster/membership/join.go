@@ -44,19 +44,19 @@ func (m *Membership) joinLoop() {
 	// The first re-join comes soon: nodes that joined the same seed at the
 	// same moment may have missed each other's gossip (the seed merges them
 	// one by one), and a push/pull with the seed settles that.
-	next := time.NewTimer(min(m.rejoin, followUpJoin))
+	next := m.clock.NewTimer(min(m.rejoin, followUpJoin))
 	defer next.Stop()
-	dead := time.NewTicker(deadRetry)
+	dead := m.clock.NewTicker(deadRetry)
 	defer dead.Stop()
 	failing := false
 	for {
 		select {
 		case <-m.joinStop:
 			return
-		case <-dead.C:
+		case <-dead.C():
 			// In the background: a Join to an address nobody answers
 			// (a crashed pod's old IP) waits for memberlist's TCP timeout.
-			addrs := m.deadAddrs(time.Now())
+			addrs := m.deadAddrs(m.clock.Now())
 			if len(addrs) > 0 && m.contacting.CompareAndSwap(false, true) {
 				m.wg.Add(1)
 				go func() {
@@ -66,7 +66,7 @@ func (m *Membership) joinLoop() {
 				}()
 			}
 			continue
-		case <-next.C:
+		case <-next.C():
 		}
 		err := m.joinOnce()
 		switch {
@@ -129,12 +129,12 @@ func (m *Membership) contactDead(addrs []string) {
 
 // sleep waits d or until joining stops; it reports whether to go on.
 func (m *Membership) sleep(d time.Duration) bool {
-	t := time.NewTimer(d)
+	t := m.clock.NewTimer(d)
 	defer t.Stop()
 	select {
 	case <-m.joinStop:
 		return false
-	case <-t.C:
+	case <-t.C():
 		return true
 	}
 }

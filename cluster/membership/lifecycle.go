@@ -27,7 +27,7 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 	if timeout <= 0 {
 		timeout = defaultLeave
 	}
-	deadline := time.Now().Add(timeout)
+	deadline := m.clock.Now().Add(timeout)
 
 	cur, _ := decodeMeta(*m.meta.Load())
 	cur.Leaving = true
@@ -36,7 +36,7 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 	}
 	m.mu.Lock()
 	if n, ok := m.nodes[m.name]; ok && n.member.State != MemberLeft {
-		n.member.State, n.since = MemberLeft, time.Now()
+		n.member.State, n.since = MemberLeft, m.clock.Now()
 	}
 	m.mu.Unlock()
 	m.signal()
@@ -61,7 +61,7 @@ func (m *Membership) Leave(timeout time.Duration) (err error) {
 	// Its only error is that timeout: logged, like the flag's, since peers
 	// that got neither announcement still find this node gone by failure
 	// detection, and its counters were handed off before Leave.
-	rest := min(max(time.Until(deadline), time.Millisecond), leaveBroadcastWait)
+	rest := min(max(deadline.Sub(m.clock.Now()), time.Millisecond), leaveBroadcastWait)
 	if err := m.ml.Leave(rest); err != nil {
 		m.logger.Debug("membership: leave: memberlist's leave broadcast", "err", err)
 	}

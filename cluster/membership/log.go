@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/ringlimit/ringlimit/cluster/clock"
 )
 
 // logWriter is the io.Writer behind the *log.Logger handed to
@@ -14,23 +16,24 @@ import (
 // "memberlist_level" attribute. The exception is gossip this node cannot
 // decrypt, which means a node with another gossip key (or none) is trying
 // to talk to it: that is logged at warn level, at most once per
-// keyWarnEvery, since memberlist reports it for every packet.
+// keyWarnEvery (on clock), since memberlist reports it for every packet.
 type logWriter struct {
 	l          *slog.Logger
+	clock      clock.Clock
 	lastKeyErr *atomic.Int64 // Unix ns of the last key warning
 }
 
 // keyWarnEvery spaces out the warnings about undecryptable gossip.
 const keyWarnEvery = 10 * time.Second
 
-func newLogWriter(l *slog.Logger) logWriter {
-	return logWriter{l: l, lastKeyErr: new(atomic.Int64)}
+func newLogWriter(l *slog.Logger, c clock.Clock) logWriter {
+	return logWriter{l: l, clock: c, lastKeyErr: new(atomic.Int64)}
 }
 
 func (w logWriter) Write(p []byte) (int, error) {
 	ctx := context.Background()
 	if strings.Contains(strings.ToLower(string(p)), "decrypt") && w.l.Enabled(ctx, slog.LevelWarn) {
-		now, last := time.Now().UnixNano(), w.lastKeyErr.Load()
+		now, last := w.clock.Now().UnixNano(), w.lastKeyErr.Load()
 		if now-last >= int64(keyWarnEvery) && w.lastKeyErr.CompareAndSwap(last, now) {
 			w.l.Warn("membership: gossip that this node cannot decrypt: a node with another --gossip-key-file (or none) is trying to join; it is kept out",
 				"memberlist", strings.TrimSpace(string(p)))

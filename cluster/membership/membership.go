@@ -2,8 +2,8 @@
 // on hashicorp/memberlist, the metadata each process gossips about itself
 // (its stable ID, gRPC address, start time and lifecycle flags), the member
 // table built from it, and joining, re-joining and leaving the cluster. It
-// imports nothing else from ringlimit. A Membership is safe for concurrent
-// use.
+// imports nothing else from ringlimit but package clock, the time it is
+// given. A Membership is safe for concurrent use.
 package membership
 
 import (
@@ -19,6 +19,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/memberlist"
+
+	"github.com/ringlimit/ringlimit/cluster/clock"
 )
 
 // Membership is this process's view of the ringlimit cluster. It is safe for
@@ -28,6 +30,7 @@ type Membership struct {
 	started  int64
 	join     []string
 	rejoin   time.Duration
+	clock    clock.Clock
 	logger   *slog.Logger
 	onChange func(alive []Member)
 	ml       *memberlist.Memberlist
@@ -58,7 +61,7 @@ type Membership struct {
 // row is one row of the member table.
 type row struct {
 	member Member
-	since  time.Time // last change of member.State
+	since  time.Time // last change of member.State, on Membership.clock
 }
 
 // New validates cfg, starts memberlist and returns at once; joining
@@ -77,7 +80,7 @@ func New(cfg Config, onChange func(alive []Member)) (*Membership, error) {
 	if _, err := rand.Read(suffix); err != nil {
 		return nil, fmt.Errorf("membership: membership: random name suffix: %w", err)
 	}
-	started := time.Now().UnixNano()
+	started := cfg.Clock.Now().UnixNano()
 	meta, err := encodeMeta(nodeMeta{ID: cfg.ID, GRPCAddr: cfg.GRPCAddr, Started: started})
 	if err != nil {
 		return nil, err
@@ -91,6 +94,7 @@ func New(cfg Config, onChange func(alive []Member)) (*Membership, error) {
 		started:  started,
 		join:     slices.Clone(cfg.Join),
 		rejoin:   cfg.RejoinInterval,
+		clock:    cfg.Clock,
 		logger:   logger,
 		onChange: onChange,
 		nodes:    make(map[string]*row),
@@ -103,7 +107,7 @@ func New(cfg Config, onChange func(alive []Member)) (*Membership, error) {
 	mlc.Name = m.name
 	mlc.Delegate = delegate{m}
 	mlc.Events = events{m}
-	mlc.Logger = log.New(newLogWriter(logger), "", 0)
+	mlc.Logger = log.New(newLogWriter(logger, cfg.Clock), "", 0)
 
 	ml, err := create(mlc)
 	if err != nil {
@@ -191,7 +195,7 @@ func (m *Membership) Admitted() []Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	out := pickAlive(m.nodes)
-	now := time.Now()
+	now := m.clock.Now()
 	for _, n := range m.nodes {
 		if n.member.State == MemberLeft && now.Sub(n.since) < LeftGrace {
 			out = append(out, n.member)
@@ -205,7 +209,7 @@ func (m *Membership) Admitted() []Member {
 // kept for about two minutes; nodes with undecodable metadata are omitted.
 func (m *Membership) All() []Member {
 	m.mu.Lock()
-	m.forgetGoneLocked(time.Now()) // a quiet cluster has no event to do it
+	m.forgetGoneLocked(m.clock.Now()) // a quiet cluster has no event to do it
 	out := make([]Member, 0, len(m.nodes))
 	for _, n := range m.nodes {
 		out = append(out, n.member)

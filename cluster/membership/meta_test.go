@@ -11,6 +11,7 @@ import (
 
 	"github.com/hashicorp/memberlist"
 
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 )
 
@@ -144,8 +145,9 @@ func FuzzMeta(f *testing.F) {
 // must not grow with churn), and a node dead for longer than forgetGone
 // leaves All even when no event arrives after it (a quiet cluster).
 func TestMembershipObserveForgets(t *testing.T) {
+	clk := &setClock{Clock: clock.Real()}
 	m := &Membership{name: "self", nodes: map[string]*row{}, badMeta: map[string]struct{}{},
-		changed: make(chan struct{}, 1), logger: slog.New(slog.DiscardHandler)}
+		changed: make(chan struct{}, 1), logger: slog.New(slog.DiscardHandler), clock: clk}
 	good, err := encodeMeta(nodeMeta{ID: "b", GRPCAddr: "127.0.0.1:8081", Started: 1})
 	if err != nil {
 		t.Fatal(err)
@@ -168,9 +170,7 @@ func TestMembershipObserveForgets(t *testing.T) {
 	if _, ok := m.badMeta["b"]; ok {
 		t.Error("a gone node is still noted as undecodable")
 	}
-	m.mu.Lock()
-	m.nodes["b"].since = time.Now().Add(-forgetGone - time.Second)
-	m.mu.Unlock()
+	clk.ns.Add(int64(forgetGone + time.Second))
 	if got := m.All(); len(got) != 0 {
 		t.Errorf("All = %+v after b was dead for longer than %v, want nothing", got, forgetGone)
 	}

@@ -32,7 +32,7 @@ import (
 func (r *Replicator) Handoff(ctx context.Context, old, cur *ring.Ring, only map[string]error) (int, map[string]error, error) {
 	p := r.newPusher(ctx, r.m.handoff.WithLabelValues("ring_change"))
 	var was, is []string
-	r.store.Range(r.clock(), func(key []byte, st bucket.State) bool {
+	r.store.Range(r.now(), func(key []byte, st bucket.State) bool {
 		was = old.Successors(key, r.replicas, was[:0])
 		is = cur.Successors(key, r.replicas, is[:0])
 		if sameSet(was, is) {
@@ -58,7 +58,7 @@ func (r *Replicator) Handoff(ctx context.Context, old, cur *ring.Ring, only map[
 func (r *Replicator) Drain(ctx context.Context, targets *ring.Ring) (int, error) {
 	p := r.newPusher(ctx, r.m.handoff.WithLabelValues("drain"))
 	var dst []string
-	r.store.Range(r.clock(), func(key []byte, st bucket.State) bool {
+	r.store.Range(r.now(), func(key []byte, st bucket.State) bool {
 		dst = targets.Successors(key, r.replicas, dst[:0])
 		for _, d := range dst {
 			if d != r.self {

@@ -18,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -37,8 +38,11 @@ type Config struct {
 	// Recorder is the node's store; with Replicas > 1 it must record
 	// (NewRecorder(store, true)), and its writes are sent to the replicas.
 	Recorder *Recorder
-	// Clock returns Unix nanoseconds; nil means the wall clock.
-	Clock func() int64
+	// Clock is the replicator's one source of time: the "now" (Unix ns) of
+	// merges and of the ranges that handoff, drain and sync read, the
+	// shipper's ticker and retry backoff, the senders' stream ages, and the
+	// timing of syncs. Nil means clock.Real().
+	Clock clock.Clock
 	// Interval is how often recorded writes are sent; 0 means
 	// DefaultInterval.
 	Interval time.Duration
@@ -71,7 +75,7 @@ type Replicator struct {
 	replicas    int
 	rec         *Recorder
 	store       Store
-	clock       func() int64
+	clock       clock.Clock
 	syncTimeout time.Duration
 	ringCfg     ring.Config
 	ring        func() *ring.Ring
@@ -110,7 +114,7 @@ func New(cfg Config) (*Replicator, error) {
 		replicas:    cfg.Replicas,
 		rec:         cfg.Recorder,
 		store:       cfg.Recorder.store,
-		clock:       cfg.Clock,
+		clock:       clock.Or(cfg.Clock),
 		syncTimeout: cfg.SyncTimeout,
 		ringCfg:     cfg.RingConfig,
 		ring:        cfg.Ring,
@@ -118,9 +122,6 @@ func New(cfg Config) (*Replicator, error) {
 		dialOpts:    cfg.DialOptions,
 		log:         cfg.Logger,
 		m:           newMetrics(),
-	}
-	if r.clock == nil {
-		r.clock = func() int64 { return time.Now().UnixNano() }
 	}
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
@@ -133,6 +134,7 @@ func New(cfg Config) (*Replicator, error) {
 			self:     r.self,
 			replicas: r.replicas,
 			log:      r.rec.log,
+			clock:    r.clock,
 			interval: cmp.Or(cfg.Interval, DefaultInterval),
 			targets:  cfg.Targets,
 			conns:    r.conns,
@@ -154,6 +156,9 @@ func (r *Replicator) Flush(ctx context.Context) error {
 	}
 	return r.ship.flush(ctx)
 }
+
+// now reads the clock: Unix ns, the time of a merge or a range.
+func (r *Replicator) now() int64 { return r.clock.Now().UnixNano() }
 
 // Close stops sending writes to the replicas, cancels and joins the sends
 // in flight; what is still recorded or pending is dropped. Idempotent. The

@@ -9,6 +9,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/cluster/wire"
 )
@@ -69,7 +70,16 @@ type streamSender struct {
 	resp       peerpb.ReplicateResponse
 	stream     wire.Lockstep[peerpb.ReplicateRequest, peerpb.ReplicateResponse]
 	client     peerpb.PeerClient // the stream's
-	unaryUntil time.Time
+	clock      clock.Clock
+	unaryUntil time.Time // on clock
+}
+
+// newStreamSender returns a sender whose stream ages and call fallback are
+// timed on c.
+func newStreamSender(c clock.Clock) *streamSender {
+	s := &streamSender{clock: c}
+	s.stream.Clock = c
+	return s
 }
 
 // send sends s.batch as one request to c (bounded by rpcTimeout) and
@@ -77,7 +87,7 @@ type streamSender struct {
 func (s *streamSender) send(ctx context.Context, c peerpb.PeerClient, from string) error {
 	b := &s.batch
 	n := b.len()
-	if time.Now().Before(s.unaryUntil) {
+	if s.clock.Now().Before(s.unaryUntil) {
 		return b.send(ctx, c, from)
 	}
 	if s.client != c {
@@ -89,7 +99,7 @@ func (s *streamSender) send(ctx context.Context, c peerpb.PeerClient, from strin
 	s.req.Entries = nil
 	if status.Code(err) == codes.Unimplemented {
 		// The destination never ran a handler: send the batch as a call.
-		s.unaryUntil = time.Now().Add(wire.StreamMaxAge)
+		s.unaryUntil = s.clock.Now().Add(wire.StreamMaxAge)
 		return b.send(ctx, c, from)
 	}
 	if err == nil && s.resp.GetCode() != uint32(codes.OK) {

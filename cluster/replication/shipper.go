@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/ring"
 )
 
@@ -46,6 +47,7 @@ type shipper struct {
 	self     string
 	replicas int
 	log      *writeLog
+	clock    clock.Clock // nil: clock.Real()
 	interval time.Duration
 	targets  func() *ring.Ring // the ring that places replicas now
 	conns    Conns
@@ -116,7 +118,8 @@ func (r *shipper) start() {
 	r.results = make(chan sendResult)
 	r.flushReq = make(chan chan error)
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.lastLog = time.Now()
+	r.clock = clock.Or(r.clock)
+	r.lastLog = r.clock.Now()
 	r.wg.Add(1)
 	go r.loop()
 }
@@ -178,13 +181,13 @@ func (r *shipper) undelivered() error {
 
 func (r *shipper) loop() {
 	defer r.wg.Done()
-	t := time.NewTicker(r.interval)
+	t := r.clock.NewTicker(r.interval)
 	defer t.Stop()
 	for {
 		select {
 		case <-r.ctx.Done():
 			return
-		case <-t.C:
+		case <-t.C():
 			r.cycle(false)
 		case res := <-r.results:
 			r.finished(res)
@@ -247,7 +250,7 @@ func (r *shipper) cycle(force bool) {
 		r.logDrops[dropQueueFull] += d - r.seenDrops
 		r.seenDrops = d
 	}
-	now := time.Now()
+	now := r.clock.Now()
 	for d, ob := range r.out {
 		switch {
 		case ob.inflight:
@@ -320,7 +323,7 @@ func (r *shipper) launch(d string, ob *outbox) {
 		ob.pending = make(map[string]bucket.State)
 	}
 	if ob.sender == nil {
-		ob.sender = &streamSender{}
+		ob.sender = newStreamSender(r.clock)
 	}
 	ob.inflight = true
 	r.wg.Add(1)
@@ -354,7 +357,7 @@ func (r *shipper) finished(res sendResult) {
 	r.m.rpcErrors.Inc()
 	ob.fails++
 	backoff := min(retryMax, retryMin<<min(ob.fails-1, 10))
-	ob.retryAt = time.Now().Add(backoff)
+	ob.retryAt = r.clock.Now().Add(backoff)
 	if ob.fails == 1 || ob.fails%20 == 0 {
 		r.logger.Debug("replication: replicate failed; retrying", "peer", res.dest, "fails", ob.fails, "err", res.err)
 	}

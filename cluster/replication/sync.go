@@ -7,7 +7,6 @@ import (
 	"io"
 	"slices"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc"
 
@@ -36,12 +35,12 @@ type Peer struct {
 // ready anyway: what the others sent is the cluster's copy). Unless ctx
 // ended, the sync is counted, ok or partial, with its duration.
 func (r *Replicator) Pull(ctx context.Context, peers []Peer) (int, error) {
-	start := time.Now()
+	start := r.clock.Now()
 	got, err := r.pull(ctx, peers)
 	if ctx.Err() != nil {
 		return got, err
 	}
-	r.m.syncDur.Observe(time.Since(start).Seconds())
+	r.m.syncDur.Observe(r.clock.Now().Sub(start).Seconds())
 	result := "ok"
 	if err != nil {
 		result = "partial"
@@ -114,7 +113,7 @@ func (r *Replicator) pullFrom(ctx context.Context, p Peer) (int, error) {
 // how many changed a counter. Merged states are not recorded for
 // replication: nothing ping-pongs.
 func (r *Replicator) merge(entries []*peerpb.Entry) int {
-	now := r.clock()
+	now := r.now()
 	merged := 0
 	for _, e := range entries {
 		if r.store.Merge(now, e.GetKey(), wire.EntryState(e)) {
@@ -153,8 +152,8 @@ func (r *Replicator) Sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingSe
 		sendErr error
 		sent    int
 	)
-	start := time.Now()
-	r.store.Range(r.clock(), func(key []byte, st bucket.State) bool {
+	start := r.clock.Now()
+	r.store.Range(r.now(), func(key []byte, st bucket.State) bool {
 		dst = rg.Successors(key, reps, dst[:0])
 		if !slices.Contains(dst, from) {
 			return ctx.Err() == nil
@@ -174,6 +173,6 @@ func (r *Replicator) Sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingSe
 	if sendErr == nil {
 		sendErr = ctx.Err()
 	}
-	r.log.Debug("replication: served a sync", "to", from, "entries", sent, "took", time.Since(start), "err", sendErr)
+	r.log.Debug("replication: served a sync", "to", from, "entries", sent, "took", r.clock.Now().Sub(start), "err", sendErr)
 	return sendErr
 }

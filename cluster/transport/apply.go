@@ -150,7 +150,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 		select {
 		case <-req.done:
 			complete = true
-		case <-req.timer.C:
+		case <-req.timer.C():
 			timedOut = true
 		case <-ctx.Done():
 		}
@@ -220,7 +220,7 @@ func (f *Forwarder) waitFor(ctx context.Context) time.Duration {
 	if !ok {
 		return f.timeout
 	}
-	return max(0, min(time.Until(dl)-fwdDeadlineMargin, fwdMaxWait))
+	return max(0, min(dl.Sub(f.clock.Now())-fwdDeadlineMargin, fwdMaxWait))
 }
 
 // fallback decides op locally and counts it under c.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+	"github.com/ringlimit/ringlimit/cluster/wire"
 )
 
 func TestNewForwarderConfig(t *testing.T) {
@@ -32,6 +33,9 @@ func TestNewForwarderConfig(t *testing.T) {
 		{"batch of one", func(c *ForwarderConfig) { c.MaxBatch = 1 }, false},
 		{"negative timeout", func(c *ForwarderConfig) { c.Timeout = -1 }, true},
 		{"negative suspect", func(c *ForwarderConfig) { c.SuspectFor = -1 }, true},
+		{"negative probe interval", func(c *ForwarderConfig) { c.ProbeInterval = -1 }, true},
+		{"negative probe timeout", func(c *ForwarderConfig) { c.ProbeTimeout = -1 }, true},
+		{"negative stream age", func(c *ForwarderConfig) { c.StreamMaxAge = -1 }, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -44,8 +48,11 @@ func TestNewForwarderConfig(t *testing.T) {
 			if err != nil {
 				return
 			}
-			if f.maxBatch < 1 || f.timeout <= 0 || f.suspectFor <= 0 || f.clock == nil || f.log == nil {
+			if f.maxBatch < 1 || f.timeout <= 0 || f.suspectFor <= 0 || f.probeInterval <= 0 || f.probeTimeout <= 0 || f.clock == nil || f.log == nil {
 				t.Errorf("defaults not applied: %+v", f)
+			}
+			if tt.name == "defaults" && (f.probeInterval != DefaultProbeInterval || f.probeTimeout != DefaultProbeTimeout || f.streamMaxAge != wire.StreamMaxAge) {
+				t.Errorf("defaults not applied: probes every %v for %v, streams for %v", f.probeInterval, f.probeTimeout, f.streamMaxAge)
 			}
 			if err := f.Close(); err != nil {
 				t.Fatal(err)
@@ -282,7 +289,11 @@ func TestForwardSetPeers(t *testing.T) {
 }
 
 func TestForwardZeroAllocs(t *testing.T) {
-	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
+	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, func(c *ForwarderConfig) {
+		// b answers probes: without this its first probe (150 ms later on
+		// a stalled machine) would clear the suspicion mid-measure.
+		c.ProbeInterval = time.Hour
+	})
 	a := nodes["a"]
 	tests := []struct {
 		name  string
@@ -292,11 +303,6 @@ func TestForwardZeroAllocs(t *testing.T) {
 		{"local", "a/1", func() {}},
 		{"unknown owner", "q/1", func() {}},
 		{"suspect owner", "b/1", func() {
-			// b answers probes: without this its first probe (150 ms later
-			// on a stalled machine) would clear the suspicion mid-measure.
-			// Written before markSuspect wakes the probe goroutine, which
-			// reads it only after that wake-up.
-			a.f.probeInterval = time.Hour
 			(*a.f.peers.Load())["b"].markSuspect("test", nil)
 		}},
 	}

@@ -11,6 +11,7 @@
 package transport
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/keepalive"
 
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/wire"
 )
 
@@ -38,6 +40,11 @@ const (
 	// DefaultSuspectFor is how long a failed peer is bypassed by default
 	// unless a probe answers sooner.
 	DefaultSuspectFor = 2 * time.Second
+	// DefaultProbeInterval is how often a suspect peer is pinged by
+	// default.
+	DefaultProbeInterval = 150 * time.Millisecond
+	// DefaultProbeTimeout is the deadline of one probe Ping by default.
+	DefaultProbeTimeout = 100 * time.Millisecond
 )
 
 const (
@@ -50,10 +57,6 @@ const (
 	// fwdMaxBatchBytes caps the key bytes of one batch, so that a whole
 	// batch stays under MaxMessageSize (TestDecideBatchFits).
 	fwdMaxBatchBytes = 1 << 20
-	// fwdProbeInterval is how often a suspect peer is pinged.
-	fwdProbeInterval = 150 * time.Millisecond
-	// fwdProbeTimeout is the deadline of one probe Ping.
-	fwdProbeTimeout = 100 * time.Millisecond
 )
 
 // ForwarderConfig configures a Forwarder. Zero values take the documented
@@ -69,9 +72,12 @@ type ForwarderConfig struct {
 	// Policy tells the peer server whether to answer and whether to relay
 	// (see Policy). Nil means it always answers and never relays.
 	Policy Policy
-	// Clock returns Unix nanoseconds. The server side reads it once per
-	// received batch. Nil means the wall clock.
-	Clock func() int64
+	// Clock is the forwarder's one source of time. The peer server reads
+	// it once per received batch (the Unix ns the batch's ops are applied
+	// at) and for its streams' ages; the client side times on it its
+	// waits, what is left of a caller's deadline, suspicion, probes and its
+	// streams' ages. Nil means clock.Real().
+	Clock clock.Clock
 	// DialOptions are used to dial peers. Nil means insecure (plaintext)
 	// credentials. Short reconnect backoff (50 ms to 1 s), fixed 4 MiB flow
 	// control windows (see peerWindow) and keepalive pings (after 10 s
@@ -91,6 +97,19 @@ type ForwarderConfig struct {
 	// unless a probe answers sooner; a peer whose connection is refused
 	// stays bypassed until a probe answers. 0 means DefaultSuspectFor.
 	SuspectFor time.Duration
+	// ProbeInterval is how often a suspect peer is pinged to find whether
+	// it answers again. 0 means DefaultProbeInterval; negative is an error.
+	ProbeInterval time.Duration
+	// ProbeTimeout is how long one probe Ping may take. 0 means
+	// DefaultProbeTimeout; negative is an error.
+	ProbeTimeout time.Duration
+	// StreamMaxAge is how long this node's peer server keeps a
+	// DecideStream or ReplicateStream, on Clock: the first answer it gives
+	// once a stream is this old ends the stream, and the batches on one
+	// kept 5 s past it are refused (a sender renews its streams before
+	// wire.StreamMaxAge by its own clock, whatever this says). 0 means
+	// wire.StreamMaxAge; negative means that every answer ends its stream.
+	StreamMaxAge time.Duration
 	// Registerer receives the forwarder's metrics. Nil means they are not
 	// registered anywhere (never the global registry).
 	Registerer prometheus.Registerer
@@ -107,7 +126,7 @@ type Forwarder struct {
 	ac            AnswerCache // local as an AnswerCache, or nil
 	owners        Owners
 	policy        Policy // nil: always serving, never relaying
-	clock         func() int64
+	clock         clock.Clock
 	dialOpts      []grpc.DialOption
 	maxBatch      int
 	timeout       time.Duration
@@ -116,8 +135,11 @@ type Forwarder struct {
 	probeTimeout  time.Duration
 	log           *slog.Logger
 	m             fwdMetrics
-	start         time.Time // monotonic base for suspicion times
-	reqs          sync.Pool // of *fwdRequest
+	// streamMaxAge is StreamMaxAge with its default applied (0: every
+	// answer ends its stream).
+	streamMaxAge time.Duration
+	start        time.Time // base of mono, on clock
+	reqs         sync.Pool // of *fwdRequest
 
 	// peers is id -> client, replaced whole by SetPeers and read without
 	// locks by Apply. Never nil.
@@ -126,9 +148,6 @@ type Forwarder struct {
 	// graceUntil is f.mono() until which failures are not held against
 	// peers: they were this process's own freeze (see Forgive).
 	graceUntil atomic.Int64
-	// streamMaxAge is how long the peer server keeps a DecideStream or
-	// ReplicateStream open, in ns (wire.StreamMaxAge; tests shorten it).
-	streamMaxAge atomic.Int64
 
 	mu     sync.Mutex // serialises SetPeers and Close
 	closed bool
@@ -150,24 +169,28 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		return nil, fmt.Errorf("transport: forwarder: Timeout must be >= 0, got %v", cfg.Timeout)
 	case cfg.SuspectFor < 0:
 		return nil, fmt.Errorf("transport: forwarder: SuspectFor must be >= 0, got %v", cfg.SuspectFor)
+	case cfg.ProbeInterval < 0:
+		return nil, fmt.Errorf("transport: forwarder: ProbeInterval must be >= 0, got %v", cfg.ProbeInterval)
+	case cfg.ProbeTimeout < 0:
+		return nil, fmt.Errorf("transport: forwarder: ProbeTimeout must be >= 0, got %v", cfg.ProbeTimeout)
 	}
+	clk := clock.Or(cfg.Clock)
 	f := &Forwarder{
 		self:          cfg.Self,
 		local:         cfg.Local,
 		owners:        cfg.Owners,
 		policy:        cfg.Policy,
-		clock:         cfg.Clock,
+		clock:         clk,
 		maxBatch:      cfg.MaxBatch,
 		timeout:       cfg.Timeout,
 		suspectFor:    cfg.SuspectFor,
-		probeInterval: fwdProbeInterval,
-		probeTimeout:  fwdProbeTimeout,
+		probeInterval: cmp.Or(cfg.ProbeInterval, DefaultProbeInterval),
+		probeTimeout:  cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout),
+		streamMaxAge:  max(0, cmp.Or(cfg.StreamMaxAge, wire.StreamMaxAge)),
 		log:           cfg.Logger,
-		start:         time.Now(),
-		ac:            asAnswerCache(cfg.Local),
-	}
-	if f.clock == nil {
-		f.clock = func() int64 { return time.Now().UnixNano() }
+		// One ns before now, so that mono is never 0 (see mono).
+		start: clk.Now().Add(-time.Nanosecond),
+		ac:    asAnswerCache(cfg.Local),
 	}
 	if f.maxBatch == 0 {
 		f.maxBatch = DefaultMaxBatch
@@ -199,8 +222,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	if err := f.m.register(cfg.Registerer); err != nil {
 		return nil, err
 	}
-	f.reqs.New = func() any { return newFwdRequest() }
-	f.streamMaxAge.Store(int64(wire.StreamMaxAge))
+	f.reqs.New = func() any { return newFwdRequest(f.clock) }
 	empty := map[string]*peerClient{}
 	f.peers.Store(&empty)
 	return f, nil
@@ -235,5 +257,8 @@ func (f *Forwarder) Close() error {
 	return errors.Join(errs...)
 }
 
-// mono returns the monotonic time since the forwarder started, in ns.
-func (f *Forwarder) mono() int64 { return int64(time.Since(f.start)) }
+// mono returns the time on the forwarder's clock since just before it
+// started, in ns (on clock.Real, by its monotonic reading). It is at least
+// 1 even on a clock that has not moved since (a test's, or virtual time in
+// a synctest bubble), since peerClient.onTime keeps 0 for "never".
+func (f *Forwarder) mono() int64 { return int64(f.clock.Now().Sub(f.start)) }

@@ -12,8 +12,31 @@ import (
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 )
+
+// fwdClock is a test's clock: Now tells the Unix time the test set, which
+// stands still unless the test moves it (so that a result tells whose
+// clock decided it), and timers are the system's. step, when set, moves it
+// on by that much after every reading.
+type fwdClock struct {
+	clock.Clock // clock.Real(): timers and tickers
+	ns          atomic.Int64
+	step        time.Duration
+}
+
+// newFwdClock returns a clock that reads ns (Unix ns).
+func newFwdClock(ns int64) *fwdClock {
+	c := &fwdClock{Clock: clock.Real()}
+	c.ns.Store(ns)
+	return c
+}
+
+func (c *fwdClock) Now() time.Time { return time.Unix(0, c.ns.Add(int64(c.step))-int64(c.step)) }
+
+// Add moves the clock on by d.
+func (c *fwdClock) Add(d time.Duration) { c.ns.Add(int64(d)) }
 
 // fwdFakeStore is a trivial Applier: one exact counter per key, no windows.
 // Its results carry now in ResetAfter, so a test can tell whose clock (and
@@ -87,7 +110,8 @@ func (o *fwdFakeOwners) Owner(key []byte) (string, string, bool) {
 type fwdTestNode struct {
 	id    string
 	addr  string
-	now   int64 // its fixed clock
+	now   int64     // what its clock reads, unless a test moves it
+	clock *fwdClock // its clock
 	store *fwdFakeStore
 	reg   *prometheus.Registry
 	pol   *testPolicy
@@ -107,7 +131,8 @@ func (p *testPolicy) Relaying() bool { return false }
 
 func (p *testPolicy) MarkRelay([]byte) bool { return true }
 
-// fwdStartCluster starts one node per ID (node i's clock reads (i+1)*1000)
+// fwdStartCluster starts one node per ID (node i's clock reads (i+1)*1000 ns
+// until the test moves it)
 // and gives every node every other node, plus the extra id -> addr peers,
 // both in its ring and in SetPeers. tweak may change each node's config.
 func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak func(*ForwarderConfig)) map[string]*fwdTestNode {
@@ -128,19 +153,22 @@ func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak 
 	nodes := map[string]*fwdTestNode{}
 	for i, id := range ids {
 		n := &fwdTestNode{id: id, addr: peers[id], now: int64(i+1) * 1000, store: newFwdFakeStore(), reg: prometheus.NewRegistry(), pol: &testPolicy{}}
-		now := n.now
+		n.clock = newFwdClock(n.now)
 		cfg := ForwarderConfig{
 			Self:       id,
 			Local:      n.store,
 			Owners:     &fwdFakeOwners{self: id, tab: tab},
 			Policy:     n.pol,
-			Clock:      func() int64 { return now },
+			Clock:      n.clock,
 			Timeout:    5 * time.Second, // exactness tests must not time out under -race
 			SuspectFor: time.Minute,
 			Registerer: n.reg,
 		}
 		if tweak != nil {
 			tweak(&cfg)
+			if c, ok := cfg.Clock.(*fwdClock); ok {
+				n.clock = c
+			}
 		}
 		f, err := NewForwarder(cfg)
 		if err != nil {

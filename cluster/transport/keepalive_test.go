@@ -110,11 +110,13 @@ func (p *silentProxy) silence() {
 func viaProxyForwarder(t *testing.T, px *silentProxy, tweak func(*ForwarderConfig)) (*Forwarder, *prometheus.Registry) {
 	t.Helper()
 	reg := prometheus.NewRegistry()
+	// No Clock: the system's, so that a silenced peer's timeouts make it
+	// suspect once it has answered nobody for peerQuietFor, as in
+	// production. a serves nothing: its clock decides no op.
 	cfg := ForwarderConfig{
 		Self:       "a",
 		Local:      newFwdFakeStore(),
 		Owners:     &fwdFakeOwners{self: "a", tab: map[string]fwdOwnerEntry{"b": {"b", px.addr()}}},
-		Clock:      func() int64 { return 1000 },
 		Registerer: reg,
 	}
 	if tweak != nil {

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -178,7 +177,7 @@ func (p *peerClient) sendLoop() {
 		ptrs:  make([]*peerpb.Op, 0, maxOps),
 	}
 	b.req.From = p.f.self
-	b.stream.Open = p.client.DecideStream
+	b.stream.Open, b.stream.Clock = p.client.DecideStream, p.f.clock
 	defer b.stream.Drop()
 	var carry *fwdItem // taken from the queue but did not fit the last batch
 	for {
@@ -243,9 +242,9 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		return
 	}
 	b.req.Ops = b.ptrs
-	start := time.Now()
+	start := p.f.clock.Now()
 	resp, err := p.roundTrip(b)
-	p.f.m.rpcDuration.Observe(time.Since(start).Seconds())
+	p.f.m.rpcDuration.Observe(p.f.clock.Now().Sub(start).Seconds())
 	p.f.m.batchSize.Observe(float64(len(live)))
 	for i := range b.ops[:len(live)] {
 		b.ops[i].Key = nil // do not pin the items' key buffers

@@ -67,7 +67,7 @@ func FuzzPeerDecode(f *testing.F) {
 	f.Add(byte(1), []byte{})
 
 	app := &fuzzApplier{}
-	fw, err := NewForwarder(ForwarderConfig{Self: "self", Local: app, Owners: fuzzOwners{}, Clock: func() int64 { return now }})
+	fw, err := NewForwarder(ForwarderConfig{Self: "self", Local: app, Owners: fuzzOwners{}, Clock: newFwdClock(now)})
 	if err != nil {
 		f.Fatal(err)
 	}

@@ -48,16 +48,21 @@ func (r *replRecorder) state(key string) (bucket.State, int) {
 }
 
 // replStreamServer serves the Peer service on loopback with rec behind
-// Replicate and ReplicateStream. It returns the server's forwarder (for
-// its stream age), a client, and a count of the ReplicateStreams opened.
-func replStreamServer(t *testing.T, rec StateService) (*Forwarder, peerpb.PeerClient, *atomic.Int32) {
+// Replicate and ReplicateStream; tweak, if not nil, changes the server's
+// forwarder config (its clock, its stream age). It returns a client and a
+// count of the ReplicateStreams opened.
+func replStreamServer(t *testing.T, rec StateService, tweak func(*ForwarderConfig)) (peerpb.PeerClient, *atomic.Int32) {
 	t.Helper()
-	f, err := NewForwarder(ForwarderConfig{
+	cfg := ForwarderConfig{
 		Self:       "b",
 		Local:      newFwdFakeStore(),
 		Owners:     &fwdFakeOwners{self: "b", tab: map[string]fwdOwnerEntry{}},
 		Registerer: prometheus.NewRegistry(),
-	})
+	}
+	if tweak != nil {
+		tweak(&cfg)
+	}
+	f, err := NewForwarder(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -77,14 +82,14 @@ func replStreamServer(t *testing.T, rec StateService) (*Forwarder, peerpb.PeerCl
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { conn.Close() })
-	return f, peerpb.NewPeerClient(conn), opened
+	return peerpb.NewPeerClient(conn), opened
 }
 
 // A batch the receiver refuses is answered in-band, merges nothing, and
 // the stream stays open for the next one.
 func TestReplicateStreamRefusal(t *testing.T) {
 	rec := &replRecorder{got: map[string]bucket.State{}}
-	_, client, opened := replStreamServer(t, rec)
+	client, opened := replStreamServer(t, rec, nil)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	stream, err := client.ReplicateStream(ctx)
@@ -130,8 +135,14 @@ func TestReplicateStreamRefusal(t *testing.T) {
 // and the receiver ends the stream.
 func TestReplicateStreamTooOld(t *testing.T) {
 	rec := &replRecorder{got: map[string]bucket.State{}}
-	f, client, _ := replStreamServer(t, rec)
-	f.streamMaxAge.Store(-int64(peerStreamGrace)) // every stream is too old at once
+	client, _ := replStreamServer(t, rec, func(c *ForwarderConfig) {
+		// Every reading of the server's clock is a stream age and the
+		// grace after the one before: the stream is too old at its first
+		// batch.
+		clk := newFwdClock(0)
+		clk.step = wire.StreamMaxAge + peerStreamGrace
+		c.Clock = clk
+	})
 	stream, err := client.ReplicateStream(t.Context())
 	if err != nil {
 		t.Fatal(err)
@@ -160,8 +171,9 @@ func TestReplicateStreamTooOld(t *testing.T) {
 // stream (as the replicator's sender does).
 func TestReplicateStreamRenewal(t *testing.T) {
 	rec := &replRecorder{got: map[string]bucket.State{}}
-	f, client, opened := replStreamServer(t, rec)
-	f.streamMaxAge.Store(0) // every answer ends its stream
+	client, opened := replStreamServer(t, rec, func(c *ForwarderConfig) {
+		c.StreamMaxAge = -1 // every answer ends its stream
+	})
 	for i := range 2 {
 		stream, err := client.ReplicateStream(t.Context())
 		if err != nil {

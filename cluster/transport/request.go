@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 )
 
 // States of a forwarded item.
@@ -21,9 +22,11 @@ type fwdRequest struct {
 	// is adding items. Whoever brings it to zero from a sender signals done.
 	pending atomic.Int32
 	done    chan struct{} // capacity 1
-	timer   *time.Timer
-	items   []*fwdItem // items[:n] are in use
-	n       int
+	// timer bounds the waiter's wait: made once per pooled request on the
+	// forwarder's clock, stopped, and Reset for each use.
+	timer clock.Timer
+	items []*fwdItem // items[:n] are in use
+	n     int
 	// deadline is when the waiter gives up, Unix ns on the entry node's
 	// clock: an owner that reads the batch later must not apply it.
 	deadline int64
@@ -33,8 +36,8 @@ type fwdRequest struct {
 	relayed bool
 }
 
-func newFwdRequest() *fwdRequest {
-	t := time.NewTimer(time.Hour)
+func newFwdRequest(c clock.Clock) *fwdRequest {
+	t := c.NewTimer(time.Hour)
 	t.Stop()
 	return &fwdRequest{done: make(chan struct{}, 1), timer: t}
 }

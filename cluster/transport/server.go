@@ -55,9 +55,9 @@ func (s *peerServer) Decide(ctx context.Context, req *peerpb.DecideRequest) (*pe
 	return out, nil
 }
 
-// peerStreamGrace is how long past wire.StreamMaxAge the owner still
-// applies a batch on a stream (senders renew theirs before
-// wire.StreamMaxAge, by their own clock).
+// peerStreamGrace is how long past its stream age (ForwarderConfig's
+// StreamMaxAge) the owner still applies a batch on a stream (senders renew
+// theirs before wire.StreamMaxAge, by their own clock).
 const peerStreamGrace = 5 * time.Second
 
 // DecideStream answers each DecideRequest on the stream as Decide would,
@@ -65,8 +65,8 @@ const peerStreamGrace = 5 * time.Second
 // open. Its buffers are reused from batch to batch.
 func (s *peerServer) DecideStream(stream grpc.BidiStreamingServer[peerpb.DecideRequest, peerpb.DecideResponse]) error {
 	ctx := stream.Context()
-	opened := time.Now()
-	maxAge := time.Duration(s.f.streamMaxAge.Load())
+	opened := s.f.clock.Now()
+	maxAge := s.f.streamMaxAge
 	var (
 		req     peerpb.DecideRequest
 		out     peerpb.DecideResponse
@@ -80,7 +80,7 @@ func (s *peerServer) DecideStream(stream grpc.BidiStreamingServer[peerpb.DecideR
 			return err
 		}
 		out.Results, out.Code, out.Message = out.Results[:0], 0, ""
-		if time.Since(opened) >= maxAge+peerStreamGrace {
+		if s.f.clock.Now().Sub(opened) >= maxAge+peerStreamGrace {
 			// A sender renews its stream before maxAge: this one was kept
 			// idle past it, and must be admitted again before it counts.
 			out.Code, out.Message, out.Last = uint32(codes.Unavailable), "transport: stream too old; open a new one", true
@@ -90,7 +90,7 @@ func (s *peerServer) DecideStream(stream grpc.BidiStreamingServer[peerpb.DecideR
 			st := peerStatus(err)
 			out.Results, out.Code, out.Message = out.Results[:0], uint32(status.Code(st)), status.Convert(st).Message()
 		}
-		out.Last = time.Since(opened) >= maxAge
+		out.Last = s.f.clock.Now().Sub(opened) >= maxAge
 		if err := stream.Send(&out); err != nil {
 			return err
 		}
@@ -116,7 +116,7 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 		// The sender has given up and decided these ops itself.
 		return err
 	}
-	now := s.f.clock()
+	now := s.f.clock.Now().UnixNano()
 	if dl := req.GetDeadlineNs(); dl != 0 && now >= dl {
 		s.f.m.expired.Add(float64(len(ops)))
 		return fmt.Errorf("%w: %v past the sender's deadline", errPeerExpired, time.Duration(now-dl))
@@ -178,13 +178,13 @@ func (s *peerServer) relay(ctx context.Context, now int64, req *peerpb.DecideReq
 		g.ops = append(g.ops, op)
 	}
 	results := make([]bucket.Result, len(req.GetOps()))
-	start := time.Now()
+	start := s.f.clock.Now()
 	send := func(g group, relayed bool) {
 		if len(g.ops) == 0 {
 			return
 		}
 		res := make([]bucket.Result, len(g.ops))
-		s.f.apply(ctx, now, g.ops, res, wait-time.Since(start), relayed)
+		s.f.apply(ctx, now, g.ops, res, wait-s.f.clock.Now().Sub(start), relayed)
 		for j, i := range g.idx {
 			results[i] = res[j]
 		}
@@ -238,8 +238,8 @@ func (s *peerServer) ReplicateStream(stream grpc.BidiStreamingServer[peerpb.Repl
 	if s.st == nil {
 		return s.UnimplementedPeerServer.ReplicateStream(stream)
 	}
-	opened := time.Now()
-	maxAge := time.Duration(s.f.streamMaxAge.Load())
+	opened := s.f.clock.Now()
+	maxAge := s.f.streamMaxAge
 	var (
 		req peerpb.ReplicateRequest
 		out peerpb.ReplicateResponse
@@ -252,7 +252,7 @@ func (s *peerServer) ReplicateStream(stream grpc.BidiStreamingServer[peerpb.Repl
 			return err
 		}
 		out.Merged, out.Code, out.Message = 0, 0, ""
-		if time.Since(opened) >= maxAge+peerStreamGrace {
+		if s.f.clock.Now().Sub(opened) >= maxAge+peerStreamGrace {
 			out.Code, out.Message, out.Last = uint32(codes.Unavailable), "transport: stream too old; open a new one", true
 			return stream.Send(&out)
 		}
@@ -262,7 +262,7 @@ func (s *peerServer) ReplicateStream(stream grpc.BidiStreamingServer[peerpb.Repl
 		} else {
 			out.Merged = uint32(s.st.Replicate(req.GetFrom(), req.GetEntries()))
 		}
-		out.Last = time.Since(opened) >= maxAge
+		out.Last = s.f.clock.Now().Sub(opened) >= maxAge
 		if err := stream.Send(&out); err != nil {
 			return err
 		}

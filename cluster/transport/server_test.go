@@ -220,7 +220,7 @@ func TestPeerServerDecideDeadline(t *testing.T) {
 func TestForwardExpiredBatchCountedOnce(t *testing.T) {
 	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, func(c *ForwarderConfig) {
 		if c.Self == "b" {
-			c.Clock = func() int64 { return int64(time.Hour) } // far past a's deadline
+			c.Clock = newFwdClock(int64(time.Hour)) // far past a's deadline
 		}
 	})
 	a, b := nodes["a"], nodes["b"]

@@ -85,9 +85,12 @@ func TestPeerDecideStream(t *testing.T) {
 // stream; the sender goes on with a new stream, and nothing is lost or
 // counted twice.
 func TestForwardStreamRenewal(t *testing.T) {
-	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
+	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, func(c *ForwarderConfig) {
+		if c.Self == "b" {
+			c.StreamMaxAge = -1 // every answer ends its stream
+		}
+	})
 	a, b := nodes["a"], nodes["b"]
-	b.f.streamMaxAge.Store(0) // every answer ends its stream
 	client := peerTestClient(t, b)
 	stream, err := client.DecideStream(context.Background())
 	if err != nil {

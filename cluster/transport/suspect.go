@@ -78,7 +78,7 @@ func (p *peerClient) clearSuspect(why string) {
 // probeInterval until the suspicion ends. It returns when p closes.
 func (p *peerClient) probeLoop() {
 	defer p.wg.Done()
-	t := time.NewTimer(time.Hour)
+	t := p.f.clock.NewTimer(time.Hour)
 	t.Stop()
 	defer t.Stop()
 	for {
@@ -90,7 +90,7 @@ func (p *peerClient) probeLoop() {
 		for p.suspect.Load() {
 			t.Reset(p.f.probeInterval)
 			select {
-			case <-t.C:
+			case <-t.C():
 			case <-p.done:
 				return
 			}

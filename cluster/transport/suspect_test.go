@@ -262,13 +262,14 @@ func TestForwardSuspicionExpires(t *testing.T) {
 	peer := fwdStartFakePeer(t, fwdPeerBlocking)
 	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
 		c.Timeout = 30 * time.Millisecond
-		// Long enough that fwdMakeSuspect still sees the suspicion after
-		// a stall of the test goroutine; short enough to wait out.
+		// Passed on a's clock by the test, not by waiting.
 		c.SuspectFor = time.Second
 	})
 	a := nodes["a"]
 	fwdMakeSuspect(t, a, "b/1")
-	// The peer never answers a probe, but SuspectFor ends the bypass.
+	// The peer never answers a probe, but SuspectFor ends the bypass: a's
+	// clock passes it, and the next failed probe sees that.
+	a.clock.Add(time.Second)
 	testkit.WaitFor(t, fwdWait, "the suspicion to expire", func() bool { return len(a.f.Suspects()) == 0 })
 }
 
@@ -358,7 +359,8 @@ func TestForwardReroutesToReplica(t *testing.T) {
 func TestForwardLateCallStaysLocal(t *testing.T) {
 	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
 	a, b := nodes["a"], nodes["b"]
-	ctx, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	// The deadline is on a's clock, which waitFor reads it against.
+	ctx, cancel := context.WithDeadline(context.Background(), a.clock.Now().Add(-time.Second))
 	defer cancel()
 	res := make([]bucket.Result, 2)
 	for range 5 {

@@ -43,7 +43,9 @@ func TestForwardRefusedPeerStaysSuspect(t *testing.T) {
 	})
 	a := nodes["a"]
 	fwdMakeSuspect(t, a, "b/1")
-	// Several SuspectFor and probe intervals: the suspicion must hold.
+	// SuspectFor has passed on a's clock: the suspicion must hold through
+	// several probes all the same.
+	a.clock.Add(4 * suspectFor)
 	end := time.Now().Add(4 * suspectFor)
 	for time.Now().Before(end) {
 		if s := a.f.Suspects(); len(s) != 1 {

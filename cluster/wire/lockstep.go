@@ -9,15 +9,20 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/ringlimit/ringlimit/cluster/clock"
 )
 
 // Lockstep is one sender's long-lived bidi stream to a peer, used in
 // lockstep: one request, then its one response. DecideStream and
-// ReplicateStream senders keep one each. Set Open before the first
-// Exchange. Not safe for concurrent use.
+// ReplicateStream senders keep one each. Set Open (and Clock) before the
+// first Exchange. Not safe for concurrent use.
 type Lockstep[Req, Resp any] struct {
 	// Open opens a stream (a generated client's method).
 	Open func(context.Context, ...grpc.CallOption) (grpc.BidiStreamingClient[Req, Resp], error)
+	// Clock times the exchange's limit and tells the stream's age; nil
+	// means clock.Real().
+	Clock clock.Clock
 
 	stream grpc.BidiStreamingClient[Req, Resp]
 	opened time.Time          // when stream was opened
@@ -39,18 +44,19 @@ func (l *Lockstep[Req, Resp]) Drop() {
 // before the request was sent reports the status it ended with
 // (Unavailable when it ended cleanly).
 func (l *Lockstep[Req, Resp]) Exchange(parent context.Context, limit, maxAge time.Duration, req *Req, resp *Resp) error {
-	if l.stream != nil && time.Since(l.opened) >= maxAge {
+	clk := clock.Or(l.Clock)
+	if l.stream != nil && clk.Now().Sub(l.opened) >= maxAge {
 		l.Drop()
 	}
 	var ctx context.Context
 	if l.stream == nil {
 		ctx, l.cancel = context.WithCancel(parent)
 	}
-	late := time.AfterFunc(limit, l.cancel) // opening included
+	late := clk.AfterFunc(limit, l.cancel) // opening included
 	var err error
 	if l.stream == nil {
 		l.stream, err = l.Open(ctx)
-		l.opened = time.Now()
+		l.opened = clk.Now()
 	}
 	if err == nil {
 		err = l.stream.Send(req)
