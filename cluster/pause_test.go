@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -103,12 +104,19 @@ func TestNodePauseWhileSyncingSyncsAgain(t *testing.T) {
 				}
 			}
 		})
-		<-pulled
+		var once sync.Once
+		release := func() { once.Do(func() { close(resume) }) }
+		t.Cleanup(release)
+		select {
+		case <-pulled:
+		case <-time.After(time.Minute):
+			t.Fatal("b did not pull within a minute")
+		}
 		if p := b.node.Status().Phase; p != lifecycle.Syncing {
 			t.Fatalf("b is %v after its first pull, want syncing", p)
 		}
 		b.node.paused(5 * time.Second)
-		close(resume)
+		release()
 		nodeWaitRing(t, []*nodeTestNode{a, b}, []*nodeTestNode{a, b})
 		if n := nodeMetric(t, b.reg, "ringlimit_syncs_total"); n < 2 {
 			t.Errorf("%v syncs, want the first and one after the pause", n)

@@ -95,6 +95,13 @@ func (n *Node) run(st lifecycle.State) {
 				n.fail()
 			}
 		}
+		if v := n.view.Load(); v.phase != after {
+			// A phase change that moved no ring (joining to syncing, say)
+			// still shows in Status.
+			cp := *v
+			cp.phase, cp.since = st.Phase()
+			n.view.Store(&cp)
+		}
 		if ev.Kind == lifecycle.Paused {
 			// The pause is stepped and its route published: Serving may
 			// answer again if the route says so.
