@@ -7,6 +7,7 @@ import (
 	"math/rand"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -228,5 +229,56 @@ func TestClusterStopsAtOnce(t *testing.T) {
 		if err := n.ExitErr(); err != nil {
 			t.Errorf("%s: exit after SIGTERM: %v", n.ID, err)
 		}
+	}
+}
+
+// TestClusterDuplicateNodeNameExits: a second process started with a
+// --node-name a live member holds (two nodes on one host left to default
+// to the hostname, say) must not count as that node: it exits non-zero
+// with an error naming the identity and the other member's address, and
+// the cluster's counts stay exact.
+func TestClusterDuplicateNodeNameExits(t *testing.T) {
+	c := startCluster(t, 2, dayConfig)
+	first := c.Nodes[0]
+	dup, err := c.AddNode("127.0.0.1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dup.ID = first.ID
+	if err := c.Start(dup); err != nil {
+		t.Fatal(err)
+	}
+	if err := dup.Wait(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if dup.ExitErr() == nil {
+		t.Fatal("the duplicate exited 0")
+	}
+	log, err := os.ReadFile(dup.LogPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(string(log), `node name \"`+first.ID+`\" is held by another live member at `+first.GRPC) {
+		t.Fatalf("the duplicate's log does not name %s at %s:\n%s", first.ID, first.GRPC, tail(dup.LogPath, 20))
+	}
+	c.Nodes = c.Nodes[:2] // the duplicate is gone
+	if err := WaitRing(30*time.Second, c.Nodes, c.Nodes); err != nil {
+		t.Fatal(err)
+	}
+	cls := dialAll(t, c.Nodes)
+	allowed := 0
+	for i := range 60 {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		resp, err := cls[i%2].ShouldRateLimit(ctx, Request("chaos", "k", "dup"))
+		cancel()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.OverallCode == pb.RateLimitResponse_OK {
+			allowed++
+		}
+	}
+	if allowed != 50 {
+		t.Fatalf("%d of 60 hits allowed at limit 50", allowed)
 	}
 }

@@ -22,7 +22,7 @@ import (
 type simCluster struct {
 	t     *testing.T
 	net   *simnet.Network
-	hosts map[string]string // node ID -> IP
+	hosts map[string]string // host name (by default the node ID) -> IP
 }
 
 // Ports every simulated node uses on its host.
@@ -44,16 +44,18 @@ func newSimCluster(t *testing.T) *simCluster {
 	return &simCluster{t: t, net: net, hosts: map[string]string{}}
 }
 
-// start runs node id on its host (a new one, or the one it had: a restart
-// keeps its address), joining the nodes of join (IDs), with the LAN timing
-// changed by tweak.
+// start runs node id on the host named id (a new one, or the one it had:
+// a restart keeps its address), joining the nodes of join (IDs), with the
+// LAN timing changed by tweak.
 func (c *simCluster) start(id string, join []string, tweak func(*NodeConfig)) *nodeTestNode {
 	c.t.Helper()
-	ip, ok := c.hosts[id]
-	if !ok {
-		ip = fmt.Sprintf("10.0.0.%d", len(c.hosts)+1)
-		c.hosts[id] = ip
-	}
+	return c.startAt(id, id, join, tweak)
+}
+
+// startAt is start on the host named host.
+func (c *simCluster) startAt(hostName, id string, join []string, tweak func(*NodeConfig)) *nodeTestNode {
+	c.t.Helper()
+	ip := c.ip(hostName)
 	host, err := c.net.Host(ip)
 	if err != nil {
 		c.t.Fatal(err)
@@ -88,6 +90,30 @@ func (c *simCluster) start(id string, join []string, tweak func(*NodeConfig)) *n
 	cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(host.Dial), grpc.WithTransportCredentials(insecure.NewCredentials())}
 	tn.dial = cfg.DialOptions
 	return runNode(c.t, tn, cfg, lis, tweak)
+}
+
+// ip returns the IP of the host named name, giving it the next one.
+func (c *simCluster) ip(name string) string {
+	ip, ok := c.hosts[name]
+	if !ok {
+		ip = fmt.Sprintf("10.0.0.%d", len(c.hosts)+1)
+		c.hosts[name] = ip
+	}
+	return ip
+}
+
+// crash kills n as SIGKILL would: its host's connections reset and its
+// address refuses, its process stops without a word; the host can be
+// started on again.
+func (c *simCluster) crash(n *nodeTestNode, host string) {
+	c.t.Helper()
+	if err := c.net.Crash(c.ip(host)); err != nil {
+		c.t.Fatal(err)
+	}
+	n.stop()
+	if err := c.net.Restart(c.ip(host)); err != nil {
+		c.t.Fatal(err)
+	}
 }
 
 // cluster starts ids, each joining the first, and waits until every node is

@@ -19,7 +19,7 @@ import (
 // select the documented defaults.
 type Config struct {
 	// ID is the stable identity of this process (required). Processes that
-	// share an ID are one ring member; the newest one wins.
+	// share an ID are one ring member (see Alive for which one counts).
 	ID string
 	// GRPCAddr is the host:port peers dial for this process's gRPC service
 	// (required; the host must not be empty).

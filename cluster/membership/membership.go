@@ -158,9 +158,13 @@ func (m *Membership) Self() Member {
 
 // Alive returns the live ring members sorted by ID, self included until Leave.
 // There is one entry per ID: when two processes share an ID (a restart seen
-// before the old process is declared dead) the one with the newest Started
-// wins, ties going to the greater Name. Nodes that announced a leave or whose
-// metadata does not decode are left out. The slice is the caller's.
+// before the old process is declared dead, or a second process started by
+// mistake under a name in use) a ready one wins over one that is not, then
+// the one with the newest Started, ties going to the greater Name. So a
+// process that has not synced never displaces a ready one in the rings; a
+// restarted one takes the ID over once it is ready, and a duplicate refuses
+// to get ready at all (see cluster.Node). Nodes that announced a leave or
+// whose metadata does not decode are left out. The slice is the caller's.
 func (m *Membership) Alive() []Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -174,8 +178,7 @@ func pickAlive(nodes map[string]*row) []Member {
 		if mb.State != MemberAlive {
 			continue
 		}
-		cur, ok := best[mb.ID]
-		if !ok || mb.Started > cur.Started || (mb.Started == cur.Started && mb.Name > cur.Name) {
+		if cur, ok := best[mb.ID]; !ok || newer(mb, cur) {
 			best[mb.ID] = mb
 		}
 	}
@@ -187,17 +190,26 @@ func pickAlive(nodes map[string]*row) []Member {
 	return out
 }
 
-// Admitted returns the members whose calls a peer-access check should
-// admit: Alive, plus the members that left gracefully less than LeftGrace
-// ago (not the dead: a crashed process sends nothing). The slice is the
-// caller's.
+// newer reports whether a wins over b, two live processes with one ID.
+func newer(a, b Member) bool {
+	if a.Ready != b.Ready {
+		return a.Ready
+	}
+	return a.Started > b.Started || (a.Started == b.Started && a.Name > b.Name)
+}
+
+// Admitted returns the processes whose calls a peer-access check should
+// admit: every live one (also a restarted process that has not synced yet,
+// which Alive may not list under its ID), plus those that left gracefully
+// less than LeftGrace ago (not the dead: a crashed process sends nothing).
+// The slice is the caller's.
 func (m *Membership) Admitted() []Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	out := pickAlive(m.nodes)
+	var out []Member
 	now := m.clock.Now()
 	for _, n := range m.nodes {
-		if n.member.State == MemberLeft && now.Sub(n.since) < LeftGrace {
+		if st := n.member.State; st == MemberAlive || (st == MemberLeft && now.Sub(n.since) < LeftGrace) {
 			out = append(out, n.member)
 		}
 	}

@@ -60,7 +60,8 @@ type PeerClient interface {
 	DecideStream(ctx context.Context, opts ...grpc.CallOption) (grpc.BidiStreamingClient[DecideRequest, DecideResponse], error)
 	// Ping answers as soon as the node can serve Decide. Used to clear the
 	// suspicion on a peer that failed to answer. A node that refuses Decide
-	// (it is re-syncing its counters) refuses Ping too, with UNAVAILABLE.
+	// (it is re-syncing its counters) refuses Ping with FAILED_PRECONDITION
+	// (older versions: UNAVAILABLE): alive, but not serving.
 	Ping(ctx context.Context, in *PingRequest, opts ...grpc.CallOption) (*PingResponse, error)
 	// Replicate merges counter states into this node's counters: an owner
 	// sends every change to the key's replicas, and on a ring change or a
@@ -195,7 +196,8 @@ type PeerServer interface {
 	DecideStream(grpc.BidiStreamingServer[DecideRequest, DecideResponse]) error
 	// Ping answers as soon as the node can serve Decide. Used to clear the
 	// suspicion on a peer that failed to answer. A node that refuses Decide
-	// (it is re-syncing its counters) refuses Ping too, with UNAVAILABLE.
+	// (it is re-syncing its counters) refuses Ping with FAILED_PRECONDITION
+	// (older versions: UNAVAILABLE): alive, but not serving.
 	Ping(context.Context, *PingRequest) (*PingResponse, error)
 	// Replicate merges counter states into this node's counters: an owner
 	// sends every change to the key's replicas, and on a ring change or a

@@ -209,10 +209,13 @@ func setPeerResult(pr *peerpb.Result, r bucket.Result) {
 	pr.ResetAfterNs = r.ResetAfter
 }
 
-// Ping answers with this node's ID, or Unavailable while Decide is refused.
+// Ping answers with this node's ID, or FailedPrecondition while Decide is
+// refused: the process is alive but not serving (a caller checking whether
+// a process holds an identity tells it from a transport failure, which is
+// Unavailable).
 func (s *peerServer) Ping(ctx context.Context, _ *peerpb.PingRequest) (*peerpb.PingResponse, error) {
 	if !s.f.serving() {
-		return nil, peerStatus(errPeerNotServing)
+		return nil, status.Error(codes.FailedPrecondition, errPeerNotServing.Error())
 	}
 	return &peerpb.PingResponse{Id: s.f.self}, nil
 }

@@ -237,8 +237,9 @@ func TestForwardExpiredBatchCountedOnce(t *testing.T) {
 	}
 }
 
-// While a node re-syncs it refuses Decide and Ping with Unavailable and
-// applies nothing; entry nodes fall back and hold it suspect.
+// While a node re-syncs it refuses Decide with Unavailable and Ping with
+// FailedPrecondition, and applies nothing; entry nodes fall back and hold
+// it suspect.
 func TestPeerServerRefusesWhileNotServing(t *testing.T) {
 	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, nil)
 	a, b := nodes["a"], nodes["b"]
@@ -247,8 +248,8 @@ func TestPeerServerRefusesWhileNotServing(t *testing.T) {
 	if _, err := client.Decide(context.Background(), &peerpb.DecideRequest{Ops: []*peerpb.Op{peerValidPB("b/x")}}); status.Code(err) != codes.Unavailable {
 		t.Fatalf("Decide: %v, want Unavailable", err)
 	}
-	if _, err := client.Ping(context.Background(), &peerpb.PingRequest{}); status.Code(err) != codes.Unavailable {
-		t.Fatalf("Ping: %v, want Unavailable", err)
+	if _, err := client.Ping(context.Background(), &peerpb.PingRequest{}); status.Code(err) != codes.FailedPrecondition {
+		t.Fatalf("Ping: %v, want FailedPrecondition", err)
 	}
 	res := make([]bucket.Result, 1)
 	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/y")}, res)
