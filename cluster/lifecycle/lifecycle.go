@@ -14,68 +14,9 @@ package lifecycle
 
 import (
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 )
-
-// Phase is where a node is in its life.
-type Phase uint8
-
-// The phases, in the order a node usually goes through them.
-const (
-	// Joining: started, not yet in touch with any peer. Not in any ring.
-	Joining Phase = iota
-	// Syncing: joined; pulling the counters it will hold from its ready
-	// peers. Not in any ring; refuses Decide.
-	Syncing
-	// Relaying: ready and in its own ring, for a while (Config.JoinRelay)
-	// it relays the ops for its keys to their previous owners, while its
-	// readiness spreads to its peers one by one; those owners replicate to
-	// it.
-	Relaying
-	// Serving: ready; decides its keys.
-	Serving
-	// Resyncing: found it was frozen; out of the rings, refusing Decide,
-	// pulling its counters again.
-	Resyncing
-	// Draining: asked to stop; gossips it, then pushes every counter to
-	// its holders on the ring without it. Still decides its keys.
-	Draining
-	// Leaving: counters pushed; relays every op it is sent to the key's
-	// new owner and announces its leave.
-	Leaving
-	// Left: the leave is announced (or the node refused to serve); it
-	// still relays until it is closed.
-	Left
-	numPhases
-)
-
-var phaseNames = [numPhases]string{"joining", "syncing", "relaying", "serving", "resyncing", "draining", "leaving", "left"}
-
-func (p Phase) String() string {
-	if p < numPhases {
-		return phaseNames[p]
-	}
-	return "phase(" + strconv.Itoa(int(p)) + ")"
-}
-
-// Flags are what a node gossips about itself.
-type Flags struct {
-	Ready    bool // synced: peers put it in their rings
-	Relaying bool // ready, and still relays its keys to their previous owners
-	Draining bool // handing its counters off before it leaves
-}
-
-// Member is a live peer as this node's membership reports it.
-type Member struct {
-	ID string
-	Flags
-}
-
-// settled reports whether m may take a joining node's relayed ops: ready,
-// neither relaying itself nor draining.
-func (m Member) settled() bool { return m.Ready && !m.Relaying && !m.Draining }
 
 // Config is what a node's machine needs to know of its settings.
 type Config struct {
@@ -88,35 +29,6 @@ type Config struct {
 	// relay needs it: the counts gathered at the previous owners reach the
 	// joining node by replication.
 	Replicated bool
-}
-
-// Relay says which ops a node relays rather than decides.
-type Relay uint8
-
-const (
-	// RelayNone: ops go to their owner on the ring; this node decides
-	// the ones it owns.
-	RelayNone Relay = iota
-	// RelayOwn: an op for a key this node owns on the ring goes to the
-	// key's owner on the relay ring (its previous owner); others go to
-	// their owner on the ring.
-	RelayOwn
-	// RelayAll: every op goes to its owner on the relay ring, which is
-	// the ring without this node.
-	RelayAll
-)
-
-// Route is how a node treats ops in its current state.
-type Route struct {
-	// Serve: its peer server answers Decide and Ping. A node that is not
-	// synced refuses them, and its callers decide elsewhere.
-	Serve bool
-	// InRing: it is a member of its own ring.
-	InRing bool
-	// Relay: which ops it relays (see Rings for where).
-	Relay Relay
-	// Departing: its writes replicate to the ring without it.
-	Departing bool
 }
 
 // State is one node's lifecycle state. The zero value is not usable: start
@@ -155,134 +67,6 @@ func (s State) RelayGen() uint64 { return s.relayGen }
 // Members returns the live peers the state was last told of. The slice is
 // shared: do not modify it.
 func (s State) Members() []Member { return s.members }
-
-// Rings returns the member IDs of the three rings the node routes by, each
-// sorted: ring, where keys are owned (the ready peers, and this node when
-// Route().InRing); targets, where this node's writes replicate (ring, less
-// this node while it departs); and relay, where relayed ops go (RelayAll:
-// targets; RelayOwn: the peers that were settled when the join relay began
-// and still are, or ring if none is; RelayNone: ring).
-func (s State) Rings() (ring, targets, relay []string) {
-	for _, m := range s.members {
-		if m.Ready {
-			ring = append(ring, m.ID)
-		}
-	}
-	others := ring
-	if s.route.InRing {
-		ring = insertSorted(slices.Clone(ring), s.cfg.Self)
-	}
-	targets = ring
-	if s.route.Departing {
-		targets = others
-	}
-	relay = ring
-	switch s.route.Relay {
-	case RelayAll:
-		relay = targets
-	case RelayOwn:
-		var still []string
-		for _, m := range s.members {
-			if m.settled() && contains(s.relayTo, m.ID) {
-				still = append(still, m.ID)
-			}
-		}
-		if len(still) > 0 {
-			relay = still
-		}
-	}
-	return ring, targets, relay
-}
-
-// EventKind says what happened.
-type EventKind uint8
-
-const (
-	// MembersChanged: the live peers or their flags changed
-	// (Event.Members).
-	MembersChanged EventKind = iota
-	// Joined: the membership reached a peer, or was reached.
-	Joined
-	// Synced: the sync Event.Gen finished.
-	Synced
-	// Paused: the node found it was frozen.
-	Paused
-	// RelayTimer: join relay Event.Gen has lasted Config.JoinRelay.
-	RelayTimer
-	// Announced: the membership gossiped Event.Flags.
-	Announced
-	// DrainRequested: the node is asked to stop.
-	DrainRequested
-	// Pushed: the drain's push finished.
-	Pushed
-	// LeaveDone: the leave has been announced.
-	LeaveDone
-	// Conflict: another live process holds this node's identity.
-	Conflict
-	numEvents
-)
-
-var eventNames = [numEvents]string{"members-changed", "joined", "synced", "paused", "relay-timer", "announced", "drain-requested", "pushed", "leave-done", "conflict"}
-
-func (k EventKind) String() string {
-	if k < numEvents {
-		return eventNames[k]
-	}
-	return "event?"
-}
-
-// Event is something that happened to a node.
-type Event struct {
-	Kind    EventKind
-	Members []Member // MembersChanged: every live member, any order (this node is skipped)
-	Gen     uint64   // Synced, RelayTimer
-	Flags   Flags    // Announced
-}
-
-// ActionKind says what to do.
-type ActionKind uint8
-
-const (
-	// Publish: rebuild the rings from Rings and publish them with Route.
-	Publish ActionKind = iota
-	// Announce: gossip Action.Flags, then report Announced with them.
-	Announce
-	// StartSync: pull counters from the ready peers, check that no other
-	// live process holds this identity, then report Synced (or Conflict)
-	// with Action.Gen.
-	StartSync
-	// Forgive: the failures peers showed so far were this node's freeze.
-	Forgive
-	// StartTimer: report RelayTimer with Action.Gen after Action.After.
-	StartTimer
-	// PushAll: push every counter to its holders on targets, ship the
-	// writes recorded meanwhile, then report Pushed.
-	PushAll
-	// Leave: announce a graceful leave, ship the last writes, then report
-	// LeaveDone.
-	Leave
-	// Fail: the node must not serve (Conflict): stop the process with an
-	// error.
-	Fail
-	numActions
-)
-
-var actionNames = [numActions]string{"publish", "announce", "start-sync", "forgive", "start-timer", "push-all", "leave", "fail"}
-
-func (k ActionKind) String() string {
-	if k < numActions {
-		return actionNames[k]
-	}
-	return "action?"
-}
-
-// Action is one thing the executor must do, in order.
-type Action struct {
-	Kind  ActionKind
-	Flags Flags         // Announce
-	Gen   uint64        // StartSync, StartTimer
-	After time.Duration // StartTimer
-}
 
 // Step returns the state after ev at now and what to do about it. Events
 // that do not apply in the current phase (a stale sync or timer, a second
