@@ -337,8 +337,12 @@ func (r *run) checkSplit(rec *Record, counts Counts, victim *Node) {
 		extra int
 	}
 	var worst []kv
+	// Each side may allow the limit once more, plus what any membership
+	// change may cost (maxKeyExtra): until the majority holds the cut-off
+	// owner suspect, each of its entry nodes decides that owner's keys on
+	// its own counter.
 	for k, e := range rec.PerKeyExtra(p.Limit, from, to) {
-		if float64(e) > float64(p.Limit)*(1+p.Tolerance) {
+		if e > p.Limit+maxKeyExtra(p.Limit) {
 			worst = append(worst, kv{k, e})
 		}
 	}
