@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,7 +76,8 @@ func handoffTestNode(t *testing.T, b peerpb.PeerClient) (n *Node, reg *prometheu
 	}
 }
 
-// fixedClock is a clock whose Now stands still; its timers are real.
+// fixedClock is a clock whose Now stands still; its timers are the
+// system's (the bubble's virtual ones in these tests).
 type fixedClock struct {
 	clk.Clock
 	at time.Time
@@ -92,16 +94,18 @@ func (c fakeConns) Client(id string) peerpb.PeerClient { return c[id] }
 // another ring change, until the owner has the count: otherwise the key
 // would never be pushed again, and the new owner would start it from zero.
 func TestHandoffRetriesAFailedPush(t *testing.T) {
-	b := testkit.NewReplicaPeer(1, false) // the first push fails
-	_, reg, key, move := handoffTestNode(t, b)
-	move()
-	testkit.WaitFor(t, quick, "the new owner to get the count", func() bool {
-		got, _ := b.State(string(key))
-		return got.Count == 7
+	synctest.Test(t, func(t *testing.T) {
+		b := testkit.NewReplicaPeer(1, false) // the first push fails
+		_, reg, key, move := handoffTestNode(t, b)
+		move()
+		testkit.WaitFor(t, quick, "the new owner to get the count", func() bool {
+			got, _ := b.State(string(key))
+			return got.Count == 7
+		})
+		if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 1 {
+			t.Errorf("%v failed handoffs counted, want 1", got)
+		}
 	})
-	if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 1 {
-		t.Errorf("%v failed handoffs counted, want 1", got)
-	}
 }
 
 // refusingPeer refuses every Replicate call as invalid.
@@ -119,19 +123,21 @@ func (p *refusingPeer) Replicate(context.Context, *peerpb.ReplicateRequest, ...g
 // counted as dropped and not retried: it would be refused again, and every
 // retry would scan the store and push to every peer again.
 func TestHandoffDoesNotRetryARefusal(t *testing.T) {
-	b := &refusingPeer{}
-	n, reg, _, move := handoffTestNode(t, b)
-	move()
-	// Only the refusal drops writes here: without replicas nothing else is
-	// sent.
-	testkit.WaitFor(t, quick, "the refusal", func() bool { return nodeMetric(t, reg, "ringlimit_replication_dropped_total") == 1 })
-	// The loop is done with that handoff once it takes the next kick.
-	n.handoffKick <- struct{}{}
-	testkit.WaitFor(t, quick, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
-	if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 0 {
-		t.Errorf("%v failed handoffs counted, want 0: a refusal is final", got)
-	}
-	if got := b.calls.Load(); got != 1 {
-		t.Errorf("%d pushes to the refusing peer, want 1", got)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		b := &refusingPeer{}
+		n, reg, _, move := handoffTestNode(t, b)
+		move()
+		// Only the refusal drops writes here: without replicas nothing else is
+		// sent.
+		testkit.WaitFor(t, quick, "the refusal", func() bool { return nodeMetric(t, reg, "ringlimit_replication_dropped_total") == 1 })
+		// The loop is done with that handoff once it takes the next kick.
+		n.handoffKick <- struct{}{}
+		testkit.WaitFor(t, quick, "the handoff loop to go on", func() bool { return len(n.handoffKick) == 0 })
+		if got := nodeMetric(t, reg, "ringlimit_handoff_failures_total"); got != 0 {
+			t.Errorf("%v failed handoffs counted, want 0: a refusal is final", got)
+		}
+		if got := b.calls.Load(); got != 1 {
+			t.Errorf("%d pushes to the refusing peer, want 1", got)
+		}
+	})
 }

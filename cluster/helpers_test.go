@@ -25,26 +25,26 @@ import (
 	"github.com/ringlimit/ringlimit/cluster/transport"
 )
 
-// Bounds of the waits for what takes well under a second on an idle
-// machine (quick: joins, leaves, metadata, replication) and for failure
-// detection (detect): a busy 2-core -race run stalls goroutines for seconds
-// at times, and a bound costs nothing when the wait succeeds early.
+// Bounds of the waits for what takes well under a second (quick: joins,
+// leaves, metadata, replication) and for failure detection (detect). The
+// nodes run in synctest bubbles (simCluster), so these are virtual time:
+// a bound costs nothing when the wait succeeds early, and a busy machine
+// does not use it up.
 const (
 	quick  = 15 * time.Second
 	detect = 30 * time.Second
 )
 
-// nodeTestNode is one in-process Node: real memberlist on loopback (the
-// Local timing, port 0) and a real gRPC server on a loopback port; or, in a
-// synctest bubble, on a simulated network (simCluster).
+// nodeTestNode is one in-process Node, on a simulated network in a
+// synctest bubble (simCluster).
 type nodeTestNode struct {
 	id    string
 	node  *Node
 	store *bucket.Store
 	reg   *prometheus.Registry
 	logs  *testkit.LogSink
-	clock *clock.Freezable  // the node's clock (simulated nodes)
-	dial  []grpc.DialOption // how tests dial it (simulated nodes; nil: loopback)
+	clock *clock.Freezable  // the node's clock
+	dial  []grpc.DialOption // how tests dial it, over the simulated network
 	// holdLeave makes a drain stop before it announces the leave, until
 	// the node stops (nodeHandOff).
 	holdLeave atomic.Bool
@@ -52,28 +52,14 @@ type nodeTestNode struct {
 	stop      func() // stops gRPC and closes the node (idempotent)
 }
 
-// testConfig is the NodeConfig of a test node: the local timing, with
-// waits long enough that exactness does not depend on a busy -race run.
+// testConfig is the NodeConfig of a test node: the LAN timing, as in
+// production (virtual time makes it no slower), with the test hooks.
 func testConfig(tn *nodeTestNode, mc membership.Config) NodeConfig {
-	timing := Local()
-	// An owner that answers late is decided around: wait long for it (a
-	// crashed peer refuses connections and fails at once).
-	timing.ForwardTimeout = 5 * time.Second
-	// A crashed peer stays bypassed until the ring drops it, however long
-	// the test takes between two hits; a live one is cleared by the first
-	// probe it answers.
-	timing.SuspectFor = time.Minute
-	// A sync cut short leaves a joining node ready without the keys its
-	// tests check.
-	timing.SyncTimeout = 10 * time.Second
-	// Short, so that the tests' clusters settle quickly; nodeWaitRing
-	// waits for it to end.
-	timing.JoinRelay = 200 * time.Millisecond
 	tn.leaveGate = make(chan struct{})
 	return NodeConfig{
 		Membership: mc,
 		Store:      tn.store,
-		Timing:     timing,
+		Timing:     LAN(),
 		Registerer: tn.reg,
 		Logger:     slog.New(tn.logs),
 		hooks: &testHooks{beforeLeave: func() {
@@ -91,26 +77,6 @@ func (tn *nodeTestNode) release() {
 	default:
 		close(tn.leaveGate)
 	}
-}
-
-// nodeStart starts node id joining join and stops it when the test ends.
-func nodeStart(t *testing.T, id string, join []string, tweak func(*NodeConfig)) *nodeTestNode {
-	t.Helper()
-	lis := testkit.Listen(t)
-	tn := &nodeTestNode{
-		id:    id,
-		store: bucket.NewStore(bucket.StoreConfig{}),
-		reg:   prometheus.NewRegistry(),
-		logs:  &testkit.LogSink{},
-	}
-	cfg := testConfig(tn, membership.Config{
-		ID:             id,
-		GRPCAddr:       lis.Addr().String(),
-		BindAddr:       "127.0.0.1:0",
-		Join:           join,
-		RejoinInterval: time.Hour,
-	})
-	return runNode(t, tn, cfg, lis, tweak)
 }
 
 // runNode starts tn's node with cfg (changed by tweak) and its gRPC server
@@ -151,22 +117,6 @@ func runNode(t *testing.T, tn *nodeTestNode, cfg NodeConfig, lis net.Listener, t
 		}
 	})
 	return tn
-}
-
-// nodeCluster starts ids (each joining the first) with tweak and waits
-// until every node is ready and has all of them in its ring.
-func nodeCluster(t *testing.T, ids []string, tweak func(*NodeConfig)) []*nodeTestNode {
-	t.Helper()
-	var nodes []*nodeTestNode
-	for i, id := range ids {
-		var join []string
-		if i > 0 {
-			join = []string{nodes[0].node.Membership().Self().Addr}
-		}
-		nodes = append(nodes, nodeStart(t, id, join, tweak))
-	}
-	nodeWaitRing(t, nodes, nodes)
-	return nodes
 }
 
 // nodeWaitRing waits until every node of on is ready with exactly the IDs
@@ -210,11 +160,11 @@ func nodeByID(nodes []*nodeTestNode, id string) *nodeTestNode {
 	return nil
 }
 
-// nodeUnit is the window of the limits these tests count under in real
-// time (time.Now): a day, so that counts taken over the seconds a test runs
-// (a crash and its detection, a drain, a join) almost never straddle a
-// window edge (midnight UTC); an hour's edge would meet a 10 s test once in
-// 360 runs.
+// nodeUnit is the window of the limits these tests count under
+// (time.Now, the bubble's virtual time, which starts at midnight UTC): a
+// day, so that counts taken over the minutes of virtual time a test lasts
+// (a crash and its detection, a drain, a join) never straddle a window
+// edge.
 const nodeUnit = 24 * time.Hour
 
 // nodeDayOp is one consuming hit under a roomy daily limit.

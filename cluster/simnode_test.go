@@ -85,7 +85,6 @@ func (c *simCluster) startAt(hostName, id string, join []string, tweak func(*Nod
 		Transport: tr,
 		Join:      seeds,
 	})
-	cfg.Timing = LAN()
 	cfg.Clock = tn.clock
 	cfg.DialOptions = []grpc.DialOption{grpc.WithContextDialer(host.Dial), grpc.WithTransportCredentials(insecure.NewCredentials())}
 	tn.dial = cfg.DialOptions

@@ -46,17 +46,6 @@ func TestMembershipConfigErrors(t *testing.T) {
 	}
 }
 
-func TestMembershipAdvertiseIPOnly(t *testing.T) {
-	t.Parallel()
-	m := startNode(t, nil, "a", nil, func(c *Config, _ *recorder) {
-		c.AdvertiseAddr = "127.0.0.1" // no port: the bound (picked) port is advertised
-	})
-	host, port, err := splitPort(m.Self().Addr)
-	if err != nil || host != "127.0.0.1" || port == 0 {
-		t.Fatalf("Self().Addr = %q, want 127.0.0.1:<picked port>", m.Self().Addr)
-	}
-}
-
 func TestPickAlive(t *testing.T) {
 	t.Parallel()
 	mk := func(id, name string, started int64, state string) *row {

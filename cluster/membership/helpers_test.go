@@ -11,10 +11,11 @@ import (
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 )
 
-// Timing on these machines with Preset "local": a join takes ~0.1 s, a
-// graceful leave is seen in well under a second, a crash in 3-5 s. The
-// bounds are far above that: a busy 2-core -race run stalls goroutines for
-// seconds at times, and a bound costs nothing when the wait succeeds early.
+// Timing with Preset "local": a join takes ~0.1 s, a graceful leave is
+// seen in well under a second, a crash in 3-5 s. The bounds are far above
+// that: on the simulated network they are virtual time, which costs nothing
+// when the wait succeeds early; the one test on the real network needs them
+// on a busy 2-core -race run, which stalls goroutines for seconds at times.
 const (
 	quick  = 15 * time.Second // joins, leaves, metadata
 	detect = 30 * time.Second // failure detection
@@ -61,11 +62,10 @@ type testNode struct {
 	*Membership
 	rec  *recorder
 	logs *testkit.LogSink
-	tr   *testTransport // nil on the real network
 }
 
-// startNode starts a node with Preset "local" on net (or on loopback UDP/TCP
-// when net is nil) and closes it when the test ends.
+// startNode starts a node with Preset "local" on a host of its own on n
+// (or on loopback UDP/TCP when n is nil) and closes it when the test ends.
 func startNode(t *testing.T, n *testNet, id string, join []string, opts ...func(*Config, *recorder)) *testNode {
 	t.Helper()
 	node := &testNode{rec: &recorder{}, logs: &testkit.LogSink{}}
@@ -78,15 +78,11 @@ func startNode(t *testing.T, n *testNet, id string, join []string, opts ...func(
 		Logger:         slog.New(node.logs),
 		Preset:         "local",
 	}
-	if n != nil {
-		node.tr = n.transport()
-		cfg.Transport = node.tr
-	}
 	for _, o := range opts {
 		o(&cfg, node.rec)
 	}
-	if tr, ok := cfg.Transport.(*testTransport); ok {
-		node.tr = tr
+	if n != nil && cfg.Transport == nil {
+		cfg.Transport = n.transport()
 	}
 	m, err := New(cfg, node.rec.onChange)
 	if err != nil {

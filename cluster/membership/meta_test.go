@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/hashicorp/memberlist"
@@ -187,57 +188,59 @@ func (d *rawMeta) MergeRemoteState(buf []byte, _ bool) {}
 
 func TestMembershipIgnoresUndecodableMetadata(t *testing.T) {
 	t.Parallel()
-	n := newTestNet()
-	a := startNode(t, n, "a", nil)
+	synctest.Test(t, func(t *testing.T) {
+		n := newTestNet(t)
+		a := startNode(t, n, "a", nil)
 
-	d := &rawMeta{}
-	garbage := []byte("not ringlimit metadata")
-	d.meta.Store(&garbage)
-	cfg := memberlist.DefaultLocalConfig()
-	cfg.Name = "stranger"
-	cfg.Transport = n.transport()
-	cfg.Delegate = d
-	cfg.LogOutput = &strings.Builder{}
-	stranger, err := memberlist.Create(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = stranger.Shutdown() })
-	if _, err := stranger.Join([]string{a.Self().Addr}); err != nil {
-		t.Fatal(err)
-	}
-	testkit.WaitFor(t, quick, "a to count the stranger", func() bool { return a.numMembers() == 2 })
-	if got := a.Alive(); !hasIDs(got, "a") || len(a.All()) != 1 {
-		t.Fatalf("Alive() = %v, All() = %+v; want only a", idsOf(got), a.All())
-	}
-
-	// Another bad update, then valid metadata, then garbage again: the node
-	// appears and disappears, and the bad metadata is logged only once.
-	announce := func(meta []byte) {
-		t.Helper()
-		d.meta.Store(&meta)
-		// UpdateNode's error only says that it stopped waiting for the
-		// broadcast (its notify channel is unbuffered, so it can miss the
-		// end on a busy machine); the update is gossiped anyway, and the
-		// waits below check what a received.
-		if err := stranger.UpdateNode(time.Second); err != nil {
-			t.Logf("UpdateNode: %v", err)
+		d := &rawMeta{}
+		garbage := []byte("not ringlimit metadata")
+		d.meta.Store(&garbage)
+		cfg := memberlist.DefaultLocalConfig()
+		cfg.Name = "stranger"
+		cfg.Transport = n.transport()
+		cfg.Delegate = d
+		cfg.LogOutput = &strings.Builder{}
+		stranger, err := memberlist.Create(cfg)
+		if err != nil {
+			t.Fatal(err)
 		}
-	}
-	announce([]byte("still garbage"))
-	valid, err := encodeMeta(nodeMeta{ID: "s", GRPCAddr: "s:1", Started: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	announce(valid)
-	testkit.WaitFor(t, quick, "the stranger to become a member", func() bool {
-		return hasIDs(a.Alive(), "a", "s")
+		t.Cleanup(func() { _ = stranger.Shutdown() })
+		if _, err := stranger.Join([]string{a.Self().Addr}); err != nil {
+			t.Fatal(err)
+		}
+		testkit.WaitFor(t, quick, "a to count the stranger", func() bool { return a.numMembers() == 2 })
+		if got := a.Alive(); !hasIDs(got, "a") || len(a.All()) != 1 {
+			t.Fatalf("Alive() = %v, All() = %+v; want only a", idsOf(got), a.All())
+		}
+
+		// Another bad update, then valid metadata, then garbage again: the node
+		// appears and disappears, and the bad metadata is logged only once.
+		announce := func(meta []byte) {
+			t.Helper()
+			d.meta.Store(&meta)
+			// UpdateNode's error only says that it stopped waiting for the
+			// broadcast (its notify channel is unbuffered, so it can miss the
+			// end on a busy machine); the update is gossiped anyway, and the
+			// waits below check what a received.
+			if err := stranger.UpdateNode(time.Second); err != nil {
+				t.Logf("UpdateNode: %v", err)
+			}
+		}
+		announce([]byte("still garbage"))
+		valid, err := encodeMeta(nodeMeta{ID: "s", GRPCAddr: "s:1", Started: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		announce(valid)
+		testkit.WaitFor(t, quick, "the stranger to become a member", func() bool {
+			return hasIDs(a.Alive(), "a", "s")
+		})
+		announce([]byte("garbage again"))
+		testkit.WaitFor(t, quick, "the stranger to be dropped", func() bool {
+			return hasIDs(a.Alive(), "a") && len(a.All()) == 1
+		})
+		if got := a.logs.Count(slog.LevelWarn, "undecodable metadata"); got != 1 {
+			t.Errorf("undecodable metadata logged %d times, want once", got)
+		}
 	})
-	announce([]byte("garbage again"))
-	testkit.WaitFor(t, quick, "the stranger to be dropped", func() bool {
-		return hasIDs(a.Alive(), "a") && len(a.All()) == 1
-	})
-	if got := a.logs.Count(slog.LevelWarn, "undecodable metadata"); got != 1 {
-		t.Errorf("undecodable metadata logged %d times, want once", got)
-	}
 }

@@ -7,6 +7,7 @@ import (
 	"strconv"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -322,69 +323,75 @@ func TestForwardZeroAllocs(t *testing.T) {
 }
 
 func TestForwardCloseJoins(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = time.Minute // only Close can end the wait
-	})
-	a := nodes["a"]
-	done := make(chan bucket.Result)
-	go func() {
-		res := make([]bucket.Result, 1)
-		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
-		done <- res[0]
-	}()
-	testkit.WaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
-	if err := a.f.Close(); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case r := <-done:
-		if r.ResetAfter != a.now {
-			t.Errorf("in-flight op after Close: %+v, want a local decision", r)
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = time.Minute // only Close can end the wait
+		})
+		a := nodes["a"]
+		done := make(chan bucket.Result)
+		go func() {
+			res := make([]bucket.Result, 1)
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
+			done <- res[0]
+		}()
+		testkit.WaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
+		if err := a.f.Close(); err != nil {
+			t.Fatal(err)
 		}
-	case <-time.After(fwdWait):
-		t.Fatal("Apply still waiting after Close")
-	}
-	if got := a.f.Suspects(); len(got) != 0 {
-		t.Errorf("Close made %v suspect", got)
-	}
-	if err := a.f.Close(); err != nil {
-		t.Errorf("second Close: %v", err)
-	}
-	a.f.SetPeers(map[string]string{"b": peer.addr})
-	res := make([]bucket.Result, 1)
-	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/2")}, res)
-	if res[0].ResetAfter != a.now {
-		t.Errorf("Apply after Close: %+v, want a local decision", res[0])
-	}
+		select {
+		case r := <-done:
+			if r.ResetAfter != a.now {
+				t.Errorf("in-flight op after Close: %+v, want a local decision", r)
+			}
+		case <-time.After(fwdWait):
+			t.Fatal("Apply still waiting after Close")
+		}
+		if got := a.f.Suspects(); len(got) != 0 {
+			t.Errorf("Close made %v suspect", got)
+		}
+		if err := a.f.Close(); err != nil {
+			t.Errorf("second Close: %v", err)
+		}
+		a.f.SetPeers(map[string]string{"b": peer.addr})
+		res := make([]bucket.Result, 1)
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/2")}, res)
+		if res[0].ResetAfter != a.now {
+			t.Errorf("Apply after Close: %+v, want a local decision", res[0])
+		}
+	})
 }
 
 func TestForwardContextCancel(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = time.Minute
-	})
-	a := nodes["a"]
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan bucket.Result)
-	go func() {
-		res := make([]bucket.Result, 2)
-		a.f.Apply(ctx, a.now, []bucket.Op{fwdOp("b/1"), fwdOp("a/1")}, res)
-		done <- res[0]
-	}()
-	testkit.WaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
-	cancel()
-	select {
-	case r := <-done:
-		if r.ResetAfter != a.now {
-			t.Errorf("cancelled op: %+v, want a local decision", r)
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = time.Minute
+		})
+		a := nodes["a"]
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan bucket.Result)
+		go func() {
+			res := make([]bucket.Result, 2)
+			a.f.Apply(ctx, a.now, []bucket.Op{fwdOp("b/1"), fwdOp("a/1")}, res)
+			done <- res[0]
+		}()
+		testkit.WaitFor(t, fwdWait, "the peer to receive the batch", func() bool { return peer.decides.Load() > 0 })
+		cancel()
+		select {
+		case r := <-done:
+			if r.ResetAfter != a.now {
+				t.Errorf("cancelled op: %+v, want a local decision", r)
+			}
+		case <-time.After(fwdWait):
+			t.Fatal("Apply ignored its context")
 		}
-	case <-time.After(fwdWait):
-		t.Fatal("Apply ignored its context")
-	}
-	if got := a.f.Suspects(); len(got) != 0 {
-		t.Errorf("a cancelled caller made %v suspect", got)
-	}
+		if got := a.f.Suspects(); len(got) != 0 {
+			t.Errorf("a cancelled caller made %v suspect", got)
+		}
+	})
 }
 
 func BenchmarkLocalApply(b *testing.B) {

@@ -14,6 +14,7 @@ import (
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
+	"github.com/ringlimit/ringlimit/cluster/simnet"
 )
 
 // fwdClock is a test's clock: Now tells the Unix time the test set, which
@@ -105,8 +106,8 @@ func (o *fwdFakeOwners) Owner(key []byte) (string, string, bool) {
 	return e.id, e.addr, e.id == o.self
 }
 
-// fwdTestNode is one in-process node: a Forwarder serving Peer on a real
-// loopback gRPC server.
+// fwdTestNode is one in-process node: a Forwarder serving Peer on a gRPC
+// server, on a real loopback port or on a simulated host (fwdSim).
 type fwdTestNode struct {
 	id    string
 	addr  string
@@ -116,6 +117,8 @@ type fwdTestNode struct {
 	reg   *prometheus.Registry
 	pol   *testPolicy
 	f     *Forwarder
+	// dial reaches it from a test's own client (nil: loopback).
+	dial []grpc.DialOption
 }
 
 // testPolicy is a Policy that serves until told otherwise and never
@@ -131,17 +134,32 @@ func (p *testPolicy) Relaying() bool { return false }
 
 func (p *testPolicy) MarkRelay([]byte) bool { return true }
 
-// fwdStartCluster starts one node per ID (node i's clock reads (i+1)*1000 ns
-// until the test moves it)
-// and gives every node every other node, plus the extra id -> addr peers,
-// both in its ring and in SetPeers. tweak may change each node's config.
+// fwdStartCluster starts one node per ID on loopback (node i's clock reads
+// (i+1)*1000 ns until the test moves it) and gives every node every other
+// node, plus the extra id -> addr peers, both in its ring and in SetPeers.
+// tweak may change each node's config.
 func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak func(*ForwarderConfig)) map[string]*fwdTestNode {
+	t.Helper()
+	return fwdStartClusterOn(t, nil, ids, extra, tweak)
+}
+
+// fwdStartClusterOn is fwdStartCluster on sim (nil: loopback), each node
+// on its own host.
+func fwdStartClusterOn(t testing.TB, sim *fwdSim, ids []string, extra map[string]string, tweak func(*ForwarderConfig)) map[string]*fwdTestNode {
 	t.Helper()
 	tab := map[string]fwdOwnerEntry{}
 	peers := map[string]string{}
 	lis := map[string]net.Listener{}
+	hostDial := map[string][]grpc.DialOption{}
 	for _, id := range ids {
-		l := testkit.Listen(t)
+		var l net.Listener
+		if sim != nil {
+			var h *simnet.Host
+			l, h = sim.listen()
+			hostDial[id] = sim.dialFrom(h)
+		} else {
+			l = testkit.Listen(t)
+		}
 		lis[id] = l
 		tab[id] = fwdOwnerEntry{id, l.Addr().String()}
 		peers[id] = l.Addr().String()
@@ -155,14 +173,18 @@ func fwdStartCluster(t testing.TB, ids []string, extra map[string]string, tweak 
 		n := &fwdTestNode{id: id, addr: peers[id], now: int64(i+1) * 1000, store: newFwdFakeStore(), reg: prometheus.NewRegistry(), pol: &testPolicy{}}
 		n.clock = newFwdClock(n.now)
 		cfg := ForwarderConfig{
-			Self:       id,
-			Local:      n.store,
-			Owners:     &fwdFakeOwners{self: id, tab: tab},
-			Policy:     n.pol,
-			Clock:      n.clock,
-			Timeout:    5 * time.Second, // exactness tests must not time out under -race
-			SuspectFor: time.Minute,
-			Registerer: n.reg,
+			Self:        id,
+			Local:       n.store,
+			Owners:      &fwdFakeOwners{self: id, tab: tab},
+			Policy:      n.pol,
+			Clock:       n.clock,
+			DialOptions: hostDial[id],
+			Timeout:     5 * time.Second, // exactness tests must not time out under -race
+			SuspectFor:  time.Minute,
+			Registerer:  n.reg,
+		}
+		if sim != nil {
+			n.dial = sim.dialFrom(sim.host())
 		}
 		if tweak != nil {
 			tweak(&cfg)
@@ -247,5 +269,6 @@ func fwdReadCounts(t testing.TB, reg *prometheus.Registry) fwdCounts {
 }
 
 // fwdWait bounds a wait for what takes milliseconds on an idle machine:
-// generous, as a busy -race run stalls for seconds at times.
+// generous, as a busy -race run stalls for seconds at times. Inside a
+// bubble (fwdSim) it is virtual time, which stalls do not advance.
 const fwdWait = 20 * time.Second

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -128,101 +129,113 @@ func TestForwardStreamRenewal(t *testing.T) {
 
 // A peer without DecideStream (an older version) gets Decide calls.
 func TestForwardUnaryFallback(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	peer.noStream.Store(true)
-	peer.open()
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 5 * time.Second
-	})
-	a := nodes["a"]
-	res := make([]bucket.Result, 1)
-	for i := range 3 {
-		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/old")}, res)
-		if res[0].Count != 777 {
-			t.Fatalf("call %d: count %d, want the peer's 777", i, res[0].Count)
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		peer.noStream.Store(true)
+		peer.open()
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 5 * time.Second
+		})
+		a := nodes["a"]
+		res := make([]bucket.Result, 1)
+		for i := range 3 {
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/old")}, res)
+			if res[0].Count != 777 {
+				t.Fatalf("call %d: count %d, want the peer's 777", i, res[0].Count)
+			}
 		}
-	}
-	if n := peer.decides.Load(); n != 3 {
-		t.Errorf("%d Decide calls, want 3", n)
-	}
-	if p := (*a.f.peers.Load())["b"]; p.unaryUntil.Load() <= a.f.mono() {
-		t.Error("the sender did not note that the peer has no DecideStream")
-	}
-	if len(a.f.Suspects()) != 0 {
-		t.Errorf("Suspects() = %v, want none", a.f.Suspects())
-	}
+		if n := peer.decides.Load(); n != 3 {
+			t.Errorf("%d Decide calls, want 3", n)
+		}
+		if p := (*a.f.peers.Load())["b"]; p.unaryUntil.Load() <= a.f.mono() {
+			t.Error("the sender did not note that the peer has no DecideStream")
+		}
+		if len(a.f.Suspects()) != 0 {
+			t.Errorf("Suspects() = %v, want none", a.f.Suspects())
+		}
+	})
 }
 
 // Timeouts do not make a peer suspect while it keeps answering other
 // waiters in time: it is busy, not gone.
 func TestForwardBusyPeerIsNotSuspect(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 20 * time.Millisecond
-	})
-	a := nodes["a"]
-	p := (*a.f.peers.Load())["b"]
-	for i := range 2 * peerSuspectAfter {
-		p.onTime.Store(a.f.mono()) // as if another waiter had just got its answer
-		p.noteFailure("timeout", nil)
-		if s := a.f.Suspects(); len(s) != 0 {
-			t.Fatalf("after %d timeouts with answers in between: Suspects() = %v", i+1, s)
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 20 * time.Millisecond
+		})
+		a := nodes["a"]
+		p := (*a.f.peers.Load())["b"]
+		for i := range 2 * peerSuspectAfter {
+			p.onTime.Store(a.f.mono()) // as if another waiter had just got its answer
+			p.noteFailure("timeout", nil)
+			if s := a.f.Suspects(); len(s) != 0 {
+				t.Fatalf("after %d timeouts with answers in between: Suspects() = %v", i+1, s)
+			}
 		}
-	}
-	p.onTime.Store(a.f.mono() - int64(2*peerQuietFor)) // quiet since
-	for range peerSuspectAfter {
-		p.noteFailure("timeout", nil)
-	}
-	if s := a.f.Suspects(); len(s) != 1 {
-		t.Fatalf("a quiet peer after %d timeouts: Suspects() = %v, want [b]", peerSuspectAfter, s)
-	}
+		p.onTime.Store(a.f.mono() - int64(2*peerQuietFor)) // quiet since
+		for range peerSuspectAfter {
+			p.noteFailure("timeout", nil)
+		}
+		if s := a.f.Suspects(); len(s) != 1 {
+			t.Fatalf("a quiet peer after %d timeouts: Suspects() = %v, want [b]", peerSuspectAfter, s)
+		}
+	})
 }
 
 // A stream whose owner does not answer in time is ended; the next batch
 // goes on a new stream and gets its own answer, never the late one.
 func TestForwardStreamTimeoutReopens(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 30 * time.Millisecond
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 30 * time.Millisecond
+		})
+		a := nodes["a"]
+		res := make([]bucket.Result, 1)
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/late")}, res)
+		if c := fwdReadCounts(t, a.reg); c.timeout != 1 {
+			t.Fatalf("counts %+v after a batch the peer held, want 1 timeout", c)
+		}
+		// The sender ends the stream once its wait (max(Timeout, 250 ms)) has
+		// passed, while the owner still holds the batch: its handler ends.
+		testkit.WaitFor(t, fwdWait, "the stream to be ended", func() bool { return peer.ended.Load() == 1 })
+		peer.open()
+		testkit.WaitFor(t, fwdWait, "a forwarded answer", func() bool {
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/next")}, res)
+			return fwdReadCounts(t, a.reg).forwarded == 1
+		})
+		if res[0].Count != 777 {
+			t.Fatalf("count %d, want the peer's 777", res[0].Count)
+		}
+		if n := peer.streams.Load(); n < 2 {
+			t.Errorf("%d streams opened, want the ended one and a new one", n)
+		}
 	})
-	a := nodes["a"]
-	res := make([]bucket.Result, 1)
-	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/late")}, res)
-	if c := fwdReadCounts(t, a.reg); c.timeout != 1 {
-		t.Fatalf("counts %+v after a batch the peer held, want 1 timeout", c)
-	}
-	// The sender ends the stream once its wait (max(Timeout, 250 ms)) has
-	// passed, while the owner still holds the batch: its handler ends.
-	testkit.WaitFor(t, fwdWait, "the stream to be ended", func() bool { return peer.ended.Load() == 1 })
-	peer.open()
-	testkit.WaitFor(t, fwdWait, "a forwarded answer", func() bool {
-		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/next")}, res)
-		return fwdReadCounts(t, a.reg).forwarded == 1
-	})
-	if res[0].Count != 777 {
-		t.Fatalf("count %d, want the peer's 777", res[0].Count)
-	}
-	if n := peer.streams.Load(); n < 2 {
-		t.Errorf("%d streams opened, want the ended one and a new one", n)
-	}
 }
 
 // A peer whose every answer arrives after its caller gave up is suspect
 // after peerSuspectAfter such calls: late answers do not clear failures.
 func TestForwardAlwaysLatePeerIsSuspect(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	peer.delay.Store(int64(80 * time.Millisecond)) // late for a 30 ms wait, inside the 250 ms exchange
-	peer.open()
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 30 * time.Millisecond
-		c.SuspectFor = time.Minute
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		peer.delay.Store(int64(80 * time.Millisecond)) // late for a 30 ms wait, inside the 250 ms exchange
+		peer.open()
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 30 * time.Millisecond
+			c.SuspectFor = time.Minute
+		})
+		a := nodes["a"]
+		res := make([]bucket.Result, 1)
+		for i := 0; i < 4*peerSuspectAfter && len(a.f.Suspects()) == 0; i++ {
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(fmt.Sprintf("b/%d", i))}, res)
+		}
+		if s := a.f.Suspects(); len(s) != 1 {
+			t.Fatalf("Suspects() = %v after a peer answered every call late, want [b]", s)
+		}
 	})
-	a := nodes["a"]
-	res := make([]bucket.Result, 1)
-	for i := 0; i < 4*peerSuspectAfter && len(a.f.Suspects()) == 0; i++ {
-		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(fmt.Sprintf("b/%d", i))}, res)
-	}
-	if s := a.f.Suspects(); len(s) != 1 {
-		t.Fatalf("Suspects() = %v after a peer answered every call late, want [b]", s)
-	}
 }

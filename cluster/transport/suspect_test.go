@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"google.golang.org/grpc"
@@ -100,10 +101,15 @@ func (s fwdBlockingServer) Ping(ctx context.Context, _ *peerpb.PingRequest) (*pe
 	}
 }
 
-func fwdStartFakePeer(t testing.TB, kind string) *fwdFakePeer {
+// fwdStartFakePeer starts a fake peer of kind on a host of its own on sim.
+func fwdStartFakePeer(t testing.TB, sim *fwdSim, kind string) *fwdFakePeer {
 	t.Helper()
 	p := &fwdFakePeer{gate: make(chan struct{})}
-	lis := testkit.Listen(t)
+	if kind == fwdPeerRefused {
+		p.addr = sim.refusing()
+		return p
+	}
+	lis, _ := sim.listen()
 	p.addr = lis.Addr().String()
 	switch kind {
 	case fwdPeerBlocking:
@@ -139,9 +145,6 @@ func fwdStartFakePeer(t testing.TB, kind string) *fwdFakePeer {
 				c.Close()
 			}
 		})
-	case fwdPeerRefused:
-		lis.Close()
-		p.addr = fwdRefusingAddr(t) // refused, and kept from other tests' listeners
 	default:
 		t.Fatalf("unknown peer kind %q", kind)
 	}
@@ -150,127 +153,129 @@ func fwdStartFakePeer(t testing.TB, kind string) *fwdFakePeer {
 
 func TestForwardDeadPeer(t *testing.T) {
 	const timeout = 50 * time.Millisecond
-	// Scheduling slack: -race on 2 shared cores stalls goroutines for
-	// hundreds of milliseconds, at worst seconds, at times. The point is
-	// "about Timeout" rather than forever, not a latency bound.
-	const slack = 3 * time.Second
 	tests := []struct {
 		kind       string
-		wantReason string // of the first fallbacks; "" for any
+		wantReason string // of the first fallbacks
+		wait       time.Duration
 	}{
-		{fwdPeerBlocking, "timeout"},
-		// A stalled test may meet the 1 s connect timeout first: "error".
-		{fwdPeerSilent, ""},
-		{fwdPeerRefused, "error"},
+		{fwdPeerBlocking, "timeout", timeout},
+		{fwdPeerSilent, "timeout", timeout}, // connected, never a preface
+		{fwdPeerRefused, "error", 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.kind, func(t *testing.T) {
-			peer := fwdStartFakePeer(t, tt.kind)
-			nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-				c.Timeout = timeout
-			})
-			a := nodes["a"]
-			if tt.kind == fwdPeerRefused {
-				// Let the connection attempt fail first, so the op meets a
-				// refused peer rather than one still connecting.
-				p := (*a.f.peers.Load())["b"]
-				testkit.WaitFor(t, fwdWait, "the dial to fail", func() bool {
-					return p.conn.GetState().String() == "TRANSIENT_FAILURE"
+			synctest.Test(t, func(t *testing.T) {
+				sim := newFwdSim(t)
+				peer := fwdStartFakePeer(t, sim, tt.kind)
+				nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+					c.Timeout = timeout
 				})
-			}
-
-			// The first request waits about Timeout, then falls back.
-			ops := []bucket.Op{fwdOp("b/1"), fwdOp("a/1"), fwdOp("b/2")}
-			res := make([]bucket.Result, len(ops))
-			start := time.Now()
-			a.f.Apply(context.Background(), a.now, ops, res)
-			took := time.Since(start)
-			t.Logf("first Apply took %v", took)
-			// Only a blocking peer must make it wait: a silent one may have
-			// failed its connect already on a stalled machine.
-			if took > timeout+slack || (tt.kind == fwdPeerBlocking && took < timeout) {
-				t.Errorf("Apply took %v, want about %v", took, timeout)
-			}
-			for i, r := range res {
-				if r.Count != 1 || r.ResetAfter != a.now {
-					t.Errorf("result %d = %+v, want a local decision", i, r)
+				a := nodes["a"]
+				if tt.kind == fwdPeerRefused {
+					// Let the connection attempt fail first, so the op meets a
+					// refused peer rather than one still connecting.
+					p := (*a.f.peers.Load())["b"]
+					testkit.WaitFor(t, fwdWait, "the dial to fail", func() bool {
+						return p.conn.GetState().String() == "TRANSIENT_FAILURE"
+					})
 				}
-			}
-			// The first failure may make b suspect before the second op is
-			// queued (a refused dial fails at once).
-			c := fwdReadCounts(t, a.reg)
-			got := map[string]float64{"timeout": c.timeout, "error": c.error, "": 1}
-			if got[tt.wantReason] < 1 || c.timeout+c.error+c.suspect != 2 || c.forwarded != 0 {
-				t.Errorf("counters %+v, want 2 fallbacks, at least one %s", c, tt.wantReason)
-			}
-			// A refused peer is suspect at once; a silent one after
-			// peerSuspectAfter late answers in a row.
-			fwdMakeSuspect(t, a, "b/3")
-			c = fwdReadCounts(t, a.reg)
 
-			// While b is suspect its ops fall back without waiting: the
-			// suspect counter shows the path; the clock only that the ops
-			// did not each wait for Timeout (so many that a stall of the
-			// whole process for seconds does not add up to that).
-			const suspectOps = 100
-			start = time.Now()
-			for range suspectOps {
-				a.f.Apply(context.Background(), a.now, ops[:1], res[:1])
-			}
-			if took := time.Since(start); took >= suspectOps*timeout {
-				t.Errorf("%d ops on a suspect peer took %v", suspectOps, took)
-			}
-			if got := fwdReadCounts(t, a.reg).suspect - c.suspect; got != suspectOps {
-				t.Errorf("suspect fallbacks +%v, want +%d", got, suspectOps)
-			}
-			if n := peer.decided.Load(); n != 0 {
-				t.Errorf("the dead peer answered %d ops", n)
-			}
+				// The first request waits Timeout (of virtual time) for a
+				// peer that does not answer, then falls back; a refused one
+				// fails it at once.
+				ops := []bucket.Op{fwdOp("b/1"), fwdOp("a/1"), fwdOp("b/2")}
+				res := make([]bucket.Result, len(ops))
+				start := time.Now()
+				a.f.Apply(context.Background(), a.now, ops, res)
+				if took := time.Since(start); took != tt.wait {
+					t.Errorf("Apply took %v, want %v", took, tt.wait)
+				}
+				for i, r := range res {
+					if r.Count != 1 || r.ResetAfter != a.now {
+						t.Errorf("result %d = %+v, want a local decision", i, r)
+					}
+				}
+				// The first failure may make b suspect before the second op is
+				// queued (a refused dial fails at once).
+				c := fwdReadCounts(t, a.reg)
+				got := map[string]float64{"timeout": c.timeout, "error": c.error}
+				if got[tt.wantReason] < 1 || c.timeout+c.error+c.suspect != 2 || c.forwarded != 0 {
+					t.Errorf("counters %+v, want 2 fallbacks, at least one %s", c, tt.wantReason)
+				}
+				// A refused peer is suspect at once; a silent one after
+				// peerSuspectAfter late answers in a row.
+				fwdMakeSuspect(t, a, "b/3")
+				c = fwdReadCounts(t, a.reg)
+
+				// While b is suspect its ops fall back without waiting: the
+				// suspect counter shows the path, the virtual clock that no
+				// time passed.
+				const suspectOps = 100
+				start = time.Now()
+				for range suspectOps {
+					a.f.Apply(context.Background(), a.now, ops[:1], res[:1])
+				}
+				if took := time.Since(start); took != 0 {
+					t.Errorf("%d ops on a suspect peer took %v, want no wait", suspectOps, took)
+				}
+				if got := fwdReadCounts(t, a.reg).suspect - c.suspect; got != suspectOps {
+					t.Errorf("suspect fallbacks +%v, want +%d", got, suspectOps)
+				}
+				if n := peer.decided.Load(); n != 0 {
+					t.Errorf("the dead peer answered %d ops", n)
+				}
+			})
 		})
 	}
 }
 
 func TestForwardProbeClearsSuspicion(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 250 * time.Millisecond
-	})
-	a := nodes["a"]
-	res := make([]bucket.Result, 1)
-	apply := func(key string) bucket.Result {
-		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(key)}, res)
-		return res[0]
-	}
-	fwdMakeSuspect(t, a, "b/1")
-	// Probes keep failing while the peer hangs: wait for a few of them.
-	testkit.WaitFor(t, fwdWait, "failed probes", func() bool { return peer.pings.Load() >= 2 })
-	if s := a.f.Suspects(); len(s) != 1 {
-		t.Fatalf("Suspects() = %v while the peer still hangs, want [b]", s)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 250 * time.Millisecond
+		})
+		a := nodes["a"]
+		res := make([]bucket.Result, 1)
+		apply := func(key string) bucket.Result {
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(key)}, res)
+			return res[0]
+		}
+		fwdMakeSuspect(t, a, "b/1")
+		// Probes keep failing while the peer hangs: wait for a few of them.
+		testkit.WaitFor(t, fwdWait, "failed probes", func() bool { return peer.pings.Load() >= 2 })
+		if s := a.f.Suspects(); len(s) != 1 {
+			t.Fatalf("Suspects() = %v while the peer still hangs, want [b]", s)
+		}
 
-	peer.open()
-	testkit.WaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
-	// On a loaded machine the first call may still miss the deadline and
-	// make b suspect again; the probe clears it again.
-	testkit.WaitFor(t, fwdWait, "a forwarded answer", func() bool { return apply("b/2").Count == 777 })
-	if got := fwdReadCounts(t, a.reg).forwarded; got < 1 {
-		t.Errorf("forwarded = %v, want >= 1", got)
-	}
+		peer.open()
+		testkit.WaitFor(t, fwdWait, "the probe to clear b", func() bool { return len(a.f.Suspects()) == 0 })
+		if r := apply("b/2"); r.Count != 777 {
+			t.Fatalf("first op after the probe: %+v, want the peer's answer", r)
+		}
+		if got := fwdReadCounts(t, a.reg).forwarded; got != 1 {
+			t.Errorf("forwarded = %v, want 1", got)
+		}
+	})
 }
 
 func TestForwardSuspicionExpires(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 30 * time.Millisecond
-		// Passed on a's clock by the test, not by waiting.
-		c.SuspectFor = time.Second
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 30 * time.Millisecond
+			// Passed on a's clock by the test, not by waiting.
+			c.SuspectFor = time.Second
+		})
+		a := nodes["a"]
+		fwdMakeSuspect(t, a, "b/1")
+		// The peer never answers a probe, but SuspectFor ends the bypass: a's
+		// clock passes it, and the next failed probe sees that.
+		a.clock.Add(time.Second)
+		testkit.WaitFor(t, fwdWait, "the suspicion to expire", func() bool { return len(a.f.Suspects()) == 0 })
 	})
-	a := nodes["a"]
-	fwdMakeSuspect(t, a, "b/1")
-	// The peer never answers a probe, but SuspectFor ends the bypass: a's
-	// clock passes it, and the next failed probe sees that.
-	a.clock.Add(time.Second)
-	testkit.WaitFor(t, fwdWait, "the suspicion to expire", func() bool { return len(a.f.Suspects()) == 0 })
 }
 
 // fwdMakeSuspect applies ops for key until its owner b is suspect: at most
@@ -287,18 +292,21 @@ func fwdMakeSuspect(t *testing.T, a *fwdTestNode, key string) {
 }
 
 func TestForwardOneLateAnswerIsNotSuspicion(t *testing.T) {
-	peer := fwdStartFakePeer(t, fwdPeerBlocking)
-	nodes := fwdStartCluster(t, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
-		c.Timeout = 30 * time.Millisecond
-	})
-	a := nodes["a"]
-	res := make([]bucket.Result, 1)
-	for i := 1; i < peerSuspectAfter; i++ {
-		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
-		if s := a.f.Suspects(); len(s) != 0 {
-			t.Fatalf("after %d late answer(s): Suspects() = %v, want none", i, s)
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		peer := fwdStartFakePeer(t, sim, fwdPeerBlocking)
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": peer.addr}, func(c *ForwarderConfig) {
+			c.Timeout = 30 * time.Millisecond
+		})
+		a := nodes["a"]
+		res := make([]bucket.Result, 1)
+		for i := 1; i < peerSuspectAfter; i++ {
+			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("b/1")}, res)
+			if s := a.f.Suspects(); len(s) != 0 {
+				t.Fatalf("after %d late answer(s): Suspects() = %v, want none", i, s)
+			}
 		}
-	}
+	})
 }
 
 // fwdHolderOwners adds Holders to fwdFakeOwners: key "x/..." is held by x,
@@ -321,37 +329,40 @@ func (o fwdHolderOwners) Holder(key []byte, i int) (string, bool, bool) {
 // locally when that replica is this node), not to the entry node's own
 // counter.
 func TestForwardReroutesToReplica(t *testing.T) {
-	dead := fwdStartFakePeer(t, fwdPeerRefused)
-	nodes := fwdStartCluster(t, []string{"a", "b"}, map[string]string{"c": dead.addr, "d": dead.addr}, func(c *ForwarderConfig) {
-		c.Owners = fwdHolderOwners{c.Owners.(*fwdFakeOwners), map[string][]string{"c": {"b", "a"}, "d": {"a", "b"}}}
-	})
-	a, b := nodes["a"], nodes["b"]
-	res := make([]bucket.Result, 1)
-	// The first op finds c refusing connections: it falls back and c
-	// becomes suspect at once.
-	a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("c/k")}, res)
-	testkit.WaitFor(t, fwdWait, "c suspect", func() bool { return slices.Contains(a.f.Suspects(), "c") })
-	tests := []struct {
-		key     string
-		decider *fwdTestNode
-	}{
-		{"c/k", b}, // c's first replica is b
-		{"d/k", a}, // d's first replica is a itself
-	}
-	for _, tt := range tests {
-		for range 3 {
-			a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(tt.key)}, res)
-			if res[0].ResetAfter != tt.decider.now {
-				t.Fatalf("%s: decided with clock %d, want %s's", tt.key, res[0].ResetAfter, tt.decider.id)
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		dead := fwdStartFakePeer(t, sim, fwdPeerRefused)
+		nodes := fwdStartClusterOn(t, sim, []string{"a", "b"}, map[string]string{"c": dead.addr, "d": dead.addr}, func(c *ForwarderConfig) {
+			c.Owners = fwdHolderOwners{c.Owners.(*fwdFakeOwners), map[string][]string{"c": {"b", "a"}, "d": {"a", "b"}}}
+		})
+		a, b := nodes["a"], nodes["b"]
+		res := make([]bucket.Result, 1)
+		// The first op finds c refusing connections: it falls back and c
+		// becomes suspect at once.
+		a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp("c/k")}, res)
+		testkit.WaitFor(t, fwdWait, "c suspect", func() bool { return slices.Contains(a.f.Suspects(), "c") })
+		tests := []struct {
+			key     string
+			decider *fwdTestNode
+		}{
+			{"c/k", b}, // c's first replica is b
+			{"d/k", a}, // d's first replica is a itself
+		}
+		for _, tt := range tests {
+			for range 3 {
+				a.f.Apply(context.Background(), a.now, []bucket.Op{fwdOp(tt.key)}, res)
+				if res[0].ResetAfter != tt.decider.now {
+					t.Fatalf("%s: decided with clock %d, want %s's", tt.key, res[0].ResetAfter, tt.decider.id)
+				}
 			}
 		}
-	}
-	if n := b.store.count("c/k"); n != 3 {
-		t.Errorf("replica b counted %d, want 3", n)
-	}
-	if n := a.store.count("d/k"); n != 3 {
-		t.Errorf("a counted %d of d's ops, want 3", n)
-	}
+		if n := b.store.count("c/k"); n != 3 {
+			t.Errorf("replica b counted %d, want 3", n)
+		}
+		if n := a.store.count("d/k"); n != 3 {
+			t.Errorf("a counted %d of d's ops, want 3", n)
+		}
+	})
 }
 
 // A call whose deadline has already passed (read late, e.g. after a freeze)
@@ -397,4 +408,33 @@ func TestForwardForgive(t *testing.T) {
 	if s := a.f.Suspects(); len(s) != 0 {
 		t.Fatalf("suspects %v after failures within the grace", s)
 	}
+}
+
+// TestForwardRefusedPeerStaysSuspect: a peer whose connection is refused (a
+// crashed process) stays suspect past SuspectFor while its probes fail, so
+// entry nodes keep sending its keys to their replicas instead of deciding
+// another batch on their own counters every SuspectFor until memberlist
+// declares it dead.
+func TestForwardRefusedPeerStaysSuspect(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		const suspectFor = 300 * time.Millisecond
+		nodes := fwdStartClusterOn(t, sim, []string{"a"}, map[string]string{"b": sim.refusing()}, func(c *ForwarderConfig) {
+			c.Timeout = 30 * time.Millisecond
+			c.SuspectFor = suspectFor
+		})
+		a := nodes["a"]
+		fwdMakeSuspect(t, a, "b/1")
+		// SuspectFor has passed on a's clock: the suspicion must hold
+		// through several probes all the same, sampled every 20 ms of
+		// virtual time.
+		a.clock.Add(4 * suspectFor)
+		end := time.Now().Add(4 * suspectFor)
+		for time.Now().Before(end) {
+			if s := a.f.Suspects(); len(s) != 1 {
+				t.Fatalf("Suspects() = %v while b refuses connections, want [b]", s)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	})
 }

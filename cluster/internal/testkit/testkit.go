@@ -114,6 +114,10 @@ func (s *LogSink) Count(level slog.Level, msg string) int {
 // Shutdown does not join its own goroutines, and grace covers them (a
 // probe in flight ends only when its probe interval, scaled by memberlist's
 // health awareness to at most 8 x 1 s, runs out, later on a busy machine).
+// Tests that run in testing/synctest bubbles leave nothing to wait for: a
+// bubble ends only once all of its goroutines have (and fails its test if
+// they cannot), so the grace is waited only for goroutines started outside
+// one, and costs nothing when there are none.
 func Main(m *testing.M, grace time.Duration) {
 	code := m.Run()
 	if code == 0 {
