@@ -201,8 +201,8 @@ func newer(a, b Member) bool {
 // Admitted returns the processes whose calls a peer-access check should
 // admit: every live one (also a restarted process that has not synced yet,
 // which Alive may not list under its ID), plus those that left gracefully
-// less than LeftGrace ago (not the dead: a crashed process sends nothing).
-// The slice is the caller's.
+// less than LeftGrace ago (not the dead: a crashed process sends nothing),
+// sorted by ID then Name. The slice is the caller's.
 func (m *Membership) Admitted() []Member {
 	m.mu.Lock()
 	defer m.mu.Unlock()
@@ -213,7 +213,18 @@ func (m *Membership) Admitted() []Member {
 			out = append(out, n.member)
 		}
 	}
+	sortMembers(out)
 	return out
+}
+
+// sortMembers sorts ms by ID, then Name.
+func sortMembers(ms []Member) {
+	slices.SortFunc(ms, func(a, b Member) int {
+		if c := strings.Compare(a.ID, b.ID); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Name, b.Name)
+	})
 }
 
 // All returns every memberlist node this process knows with its state, sorted
@@ -227,12 +238,7 @@ func (m *Membership) All() []Member {
 		out = append(out, n.member)
 	}
 	m.mu.Unlock()
-	slices.SortFunc(out, func(a, b Member) int {
-		if c := strings.Compare(a.ID, b.ID); c != 0 {
-			return c
-		}
-		return strings.Compare(a.Name, b.Name)
-	})
+	sortMembers(out)
 	return out
 }
 
