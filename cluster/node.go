@@ -47,6 +47,12 @@ type NodeConfig struct {
 	// Clock is the node's one source of time: every time read and every
 	// timer of the node and its packages; nil means clock.Real().
 	Clock clock.Clock
+	// Restore, if set, loads the counters this node saved on disk into
+	// Store (merging them by the usual maximum rule). The node calls it
+	// once, at start, and syncs from its peers only after it returned: the
+	// two merge, and the node is never ready before both. An error is
+	// logged; the node goes on with what it has.
+	Restore func(ctx context.Context) error
 	// DialOptions dial the peers (nil: plaintext); MaxBatch bounds the ops
 	// of one peer batch (0: transport.DefaultMaxBatch).
 	DialOptions []grpc.DialOption
@@ -91,6 +97,7 @@ type Node struct {
 	start    time.Time // clock reading at NewNode: the pause detector's base
 	log      *slog.Logger
 	hooks    testHooks
+	restore  func(context.Context) error
 	rec      *replication.Recorder // the forwarder's Local: store, replication log, answer cache
 	fwd      *transport.Forwarder
 	m        *membership.Membership
@@ -149,6 +156,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		timing:       timing,
 		clock:        clock.Or(cfg.Clock),
 		log:          cfg.Logger,
+		restore:      cfg.Restore,
 		events:       make(chan event, 64),
 		announceKick: make(chan struct{}, 1),
 		handoffKick:  make(chan struct{}, 1),
@@ -232,9 +240,9 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if relay < 0 {
 		relay = 0
 	}
-	st := lifecycle.New(lifecycle.Config{Self: n.self, JoinRelay: relay, Replicated: n.replicas > 1}, n.start)
+	st, first := lifecycle.New(lifecycle.Config{Self: n.self, JoinRelay: relay, Replicated: n.replicas > 1, Load: n.restore != nil}, n.start)
 	n.wg.Add(4)
-	go n.run(st)
+	go n.run(st, first)
 	go n.announcer()
 	go n.awaitJoin()
 	go n.handoffLoop()

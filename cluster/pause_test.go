@@ -123,3 +123,40 @@ func TestNodePauseWhileSyncingSyncsAgain(t *testing.T) {
 		}
 	})
 }
+
+// A node that restores saved counters is not ready before they are loaded,
+// joins meanwhile, and then merges them with what its peers hold.
+func TestNodeRestoresBeforeReady(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newSimCluster(t)
+		a := c.cluster([]string{"a"}, nil)[0]
+		nodeHit(t, a, "restored", 5)
+		release := make(chan struct{})
+		var once sync.Once
+		t.Cleanup(func() { once.Do(func() { close(release) }) })
+		var b *nodeTestNode
+		b = c.start("b", []string{"a"}, func(cfg *NodeConfig) {
+			cfg.Restore = func(ctx context.Context) error {
+				select {
+				case <-release:
+				case <-ctx.Done():
+					return ctx.Err()
+				}
+				now := time.Now().UnixNano()
+				st, _ := a.store.Get(now, []byte("restored"))
+				st.Count = 9 // this node had counted further before it stopped
+				b.store.Merge(now, []byte("restored"), st)
+				return nil
+			}
+		})
+		time.Sleep(3 * time.Second)
+		if st := b.node.Status(); st.Phase != lifecycle.Loading || st.Ready || !b.node.Membership().Joined() {
+			t.Fatalf("while loading: %+v, joined %v; want loading, joined, not ready", st, b.node.Membership().Joined())
+		}
+		once.Do(func() { close(release) })
+		nodeWaitRing(t, []*nodeTestNode{a, b}, []*nodeTestNode{a, b})
+		if got := nodeCount(b, "restored"); got != 9 {
+			t.Fatalf("b holds %d, want its restored 9 (the larger of 9 and a's 5)", got)
+		}
+	})
+}

@@ -28,9 +28,9 @@ func (n *Node) post(ev event) {
 	}
 }
 
-// run steps the lifecycle with every event and carries out the actions,
-// in order. It returns when the node closes.
-func (n *Node) run(st lifecycle.State) {
+// run carries out first, then steps the lifecycle with every event and
+// carries out the actions, in order. It returns when the node closes.
+func (n *Node) run(st lifecycle.State, first []lifecycle.Action) {
 	defer n.wg.Done()
 	var (
 		alive []membership.Member // the membership's last view
@@ -41,6 +41,11 @@ func (n *Node) run(st lifecycle.State) {
 			relay.Stop()
 		}
 	}()
+	for _, a := range first {
+		if a.Kind == lifecycle.Load {
+			n.work(n.load)
+		}
+	}
 	for {
 		var ev event
 		var pauses uint64
@@ -93,6 +98,8 @@ func (n *Node) run(st lifecycle.State) {
 				n.work(n.leave)
 			case lifecycle.Fail:
 				n.fail()
+			case lifecycle.Load:
+				n.work(n.load)
 			}
 		}
 		if v := n.view.Load(); v.phase != after {
@@ -112,6 +119,17 @@ func (n *Node) run(st lifecycle.State) {
 			n.drained()
 		}
 	}
+}
+
+// load carries out lifecycle.Load.
+func (n *Node) load() {
+	start := n.clock.Now()
+	if err := n.restore(n.ctx); err != nil {
+		n.log.Warn("cluster: restoring saved counters failed; going on without them", "err", err)
+	} else {
+		n.log.Info("cluster: restored saved counters", "took", n.clock.Now().Sub(start))
+	}
+	n.post(event{Event: lifecycle.Event{Kind: lifecycle.Loaded}})
 }
 
 // work runs f in a goroutine the node owns.

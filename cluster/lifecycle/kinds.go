@@ -10,8 +10,11 @@ type Phase uint8
 
 // The phases, in the order a node usually goes through them.
 const (
+	// Loading: started; restoring the counters it saved on disk (a node
+	// configured to keep them). Not in any ring. It joins meanwhile.
+	Loading Phase = iota
 	// Joining: started, not yet in touch with any peer. Not in any ring.
-	Joining Phase = iota
+	Joining
 	// Syncing: joined; pulling the counters it will hold from its ready
 	// peers. Not in any ring; refuses Decide.
 	Syncing
@@ -37,7 +40,7 @@ const (
 	numPhases
 )
 
-var phaseNames = [numPhases]string{"joining", "syncing", "relaying", "serving", "resyncing", "draining", "leaving", "left"}
+var phaseNames = [numPhases]string{"loading", "joining", "syncing", "relaying", "serving", "resyncing", "draining", "leaving", "left"}
 
 func (p Phase) String() string {
 	if p < numPhases {
@@ -71,10 +74,12 @@ const (
 	LeaveDone
 	// Conflict: another live process holds this node's identity.
 	Conflict
+	// Loaded: the counters saved on disk are restored (or could not be).
+	Loaded
 	numEvents
 )
 
-var eventNames = [numEvents]string{"members-changed", "joined", "synced", "paused", "relay-timer", "announced", "drain-requested", "pushed", "leave-done", "conflict"}
+var eventNames = [numEvents]string{"members-changed", "joined", "synced", "paused", "relay-timer", "announced", "drain-requested", "pushed", "leave-done", "conflict", "loaded"}
 
 func (k EventKind) String() string {
 	if k < numEvents {
@@ -116,10 +121,13 @@ const (
 	// Fail: the node must not serve (Conflict): stop the process with an
 	// error.
 	Fail
+	// Load: restore the counters saved on disk into the store, then
+	// report Loaded.
+	Load
 	numActions
 )
 
-var actionNames = [numActions]string{"publish", "announce", "start-sync", "forgive", "start-timer", "push-all", "leave", "fail"}
+var actionNames = [numActions]string{"publish", "announce", "start-sync", "forgive", "start-timer", "push-all", "leave", "fail", "load"}
 
 func (k ActionKind) String() string {
 	if k < numActions {

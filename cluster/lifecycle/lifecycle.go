@@ -29,6 +29,9 @@ type Config struct {
 	// relay needs it: the counts gathered at the previous owners reach the
 	// joining node by replication.
 	Replicated bool
+	// Load: the node restores counters it saved on disk before it syncs
+	// from its peers (merged with theirs by the usual maximum rule).
+	Load bool
 }
 
 // State is one node's lifecycle state. The zero value is not usable: start
@@ -47,11 +50,16 @@ type State struct {
 	relayTo  []string // the settled peers when the relay began, sorted
 	ending   bool     // the relay's end is being gossiped
 	pushing  bool     // the drain's push has started
+	joined   bool     // Loading: the membership has joined meanwhile
 }
 
-// New returns the state of a node that has just started.
-func New(cfg Config, now time.Time) State {
-	return State{cfg: cfg, phase: Joining, since: now}
+// New returns the state of a node that has just started and what to do
+// first: load its saved counters (Config.Load), or nothing until it joins.
+func New(cfg Config, now time.Time) (State, []Action) {
+	if cfg.Load {
+		return State{cfg: cfg, phase: Loading, since: now}, []Action{{Kind: Load}}
+	}
+	return State{cfg: cfg, phase: Joining, since: now}, nil
 }
 
 // Phase returns the current phase and when it began.
@@ -85,6 +93,21 @@ func Step(s State, ev Event, now time.Time) (State, []Action) {
 		return s, acts
 	}
 	switch s.phase {
+	case Loading:
+		switch ev.Kind {
+		case Joined:
+			s.joined = true
+		case Loaded:
+			if s.joined {
+				return s.startSync(Syncing, now, acts)
+			}
+			s.phase, s.since = Joining, now
+			return s, acts
+		case Paused:
+			return s, append(acts, Action{Kind: Forgive})
+		case DrainRequested:
+			return s.drain(now)
+		}
 	case Joining:
 		switch ev.Kind {
 		case Joined:

@@ -30,7 +30,11 @@ func run(t *testing.T, s State, evs ...Event) (State, []Action) {
 // inPhase returns a canonical state in phase p, reached by real events.
 func inPhase(t *testing.T, p Phase) State {
 	t.Helper()
-	s := New(cfg, t0)
+	if p == Loading {
+		s, _ := New(Config{Self: cfg.Self, JoinRelay: cfg.JoinRelay, Replicated: true, Load: true}, t0)
+		return s
+	}
+	s, _ := New(cfg, t0)
 	step := func(ev Event) { s, _ = run(t, s, ev) }
 	if p == Joining {
 		return s
@@ -107,45 +111,59 @@ func TestStepTable(t *testing.T) {
 	drain := row{Draining, []string{pub, ann}}
 	resync := row{Resyncing, []string{fgv, pub, ann, syn}}
 	table := map[Phase]map[EventKind]row{
+		Loading: {
+			MembersChanged: same(Loading, pub), Joined: same(Loading), Synced: same(Loading),
+			Paused: same(Loading, fgv), RelayTimer: same(Loading), Announced: same(Loading),
+			DrainRequested: drain, Pushed: same(Loading), LeaveDone: same(Loading), Conflict: same(Loading),
+			Loaded: same(Joining),
+		},
 		Joining: {
 			MembersChanged: same(Joining, pub), Joined: same(Syncing, syn), Synced: same(Joining),
 			Paused: same(Joining, fgv), RelayTimer: same(Joining), Announced: same(Joining),
 			DrainRequested: drain, Pushed: same(Joining), LeaveDone: same(Joining), Conflict: same(Joining),
+			Loaded: same(Joining),
 		},
 		Syncing: {
 			MembersChanged: same(Syncing, pub), Joined: same(Syncing), Synced: same(Relaying, pub, ann, tmr),
 			Paused: same(Resyncing, fgv, syn), RelayTimer: same(Syncing), Announced: same(Syncing),
 			DrainRequested: drain, Pushed: same(Syncing), LeaveDone: same(Syncing), Conflict: same(Left, pub, lv, fl),
+			Loaded: same(Syncing),
 		},
 		Relaying: {
 			MembersChanged: same(Relaying, pub), Joined: same(Relaying), Synced: same(Relaying),
 			Paused: resync, RelayTimer: same(Relaying, ann), Announced: same(Relaying),
 			DrainRequested: drain, Pushed: same(Relaying), LeaveDone: same(Relaying), Conflict: same(Relaying),
+			Loaded: same(Relaying),
 		},
 		Serving: {
 			MembersChanged: same(Serving, pub), Joined: same(Serving), Synced: same(Serving),
 			Paused: resync, RelayTimer: same(Serving), Announced: same(Serving),
 			DrainRequested: drain, Pushed: same(Serving), LeaveDone: same(Serving), Conflict: same(Serving),
+			Loaded: same(Serving),
 		},
 		Resyncing: {
 			MembersChanged: same(Resyncing, pub), Joined: same(Resyncing), Synced: same(Relaying, pub, ann, tmr),
 			Paused: same(Resyncing, fgv, syn), RelayTimer: same(Resyncing), Announced: same(Resyncing),
 			DrainRequested: drain, Pushed: same(Resyncing), LeaveDone: same(Resyncing), Conflict: same(Left, pub, lv, fl),
+			Loaded: same(Resyncing),
 		},
 		Draining: {
 			MembersChanged: same(Draining, pub), Joined: same(Draining), Synced: same(Draining),
 			Paused: same(Draining), RelayTimer: same(Draining), Announced: same(Draining, psh),
 			DrainRequested: same(Draining), Pushed: same(Leaving, pub, lv), LeaveDone: same(Draining), Conflict: same(Draining),
+			Loaded: same(Draining),
 		},
 		Leaving: {
 			MembersChanged: same(Leaving, pub), Joined: same(Leaving), Synced: same(Leaving),
 			Paused: same(Leaving), RelayTimer: same(Leaving), Announced: same(Leaving),
 			DrainRequested: same(Leaving), Pushed: same(Leaving), LeaveDone: same(Left), Conflict: same(Leaving),
+			Loaded: same(Leaving),
 		},
 		Left: {
 			MembersChanged: same(Left, pub), Joined: same(Left), Synced: same(Left),
 			Paused: same(Left), RelayTimer: same(Left), Announced: same(Left),
 			DrainRequested: same(Left), Pushed: same(Left), LeaveDone: same(Left), Conflict: same(Left),
+			Loaded: same(Left),
 		},
 	}
 	if len(table) != int(numPhases) {
@@ -197,7 +215,7 @@ func checkInvariants(t *testing.T, s State) {
 		t.Fatalf("%v: departing=%v", s.phase, r.Departing)
 	case s.phase < Draining && (r.Departing || s.want.Draining):
 		t.Fatalf("%v: draining before a drain: %+v %+v", s.phase, r, s.want)
-	case (s.phase == Syncing || s.phase == Resyncing || s.phase == Joining) && (r.Serve || r.InRing):
+	case (s.phase == Syncing || s.phase == Resyncing || s.phase == Joining || s.phase == Loading) && (r.Serve || r.InRing):
 		t.Fatalf("%v: serving before it has synced: %+v", s.phase, r)
 	case s.want.Relaying && !s.want.Ready:
 		t.Fatalf("%v: gossips relaying without ready", s.phase)
@@ -290,7 +308,8 @@ func TestNoRelayWithoutSettledPeers(t *testing.T) {
 		"only self reported": {cfg, []Member{{ID: "a", Flags: Flags{Ready: true}}}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			s, _ := run(t, New(tc.cfg, t0), Event{Kind: MembersChanged, Members: tc.members}, Event{Kind: Joined})
+			s, _ := New(tc.cfg, t0)
+			s, _ = run(t, s, Event{Kind: MembersChanged, Members: tc.members}, Event{Kind: Joined})
 			s, acts := run(t, s, Event{Kind: Synced, Gen: s.syncGen})
 			// Not in its own ring until its readiness is gossiped.
 			if s.phase != Serving || s.Route().InRing || !s.Route().Serve || !slices.Equal(kinds(acts), []string{"publish", "announce"}) {
@@ -344,7 +363,8 @@ func TestDrainPushesOnlyOnceGossiped(t *testing.T) {
 
 func TestRelayRingFollowsSettledPeers(t *testing.T) {
 	members := []Member{{ID: "b", Flags: Flags{Ready: true}}, {ID: "c", Flags: Flags{Ready: true}}}
-	s, _ := run(t, New(cfg, t0), Event{Kind: MembersChanged, Members: members}, Event{Kind: Joined})
+	s, _ := New(cfg, t0)
+	s, _ = run(t, s, Event{Kind: MembersChanged, Members: members}, Event{Kind: Joined})
 	s, _ = run(t, s, Event{Kind: Synced, Gen: s.syncGen})
 	// d joins and relays too; c starts to relay (it restarted): neither is
 	// where this node's keys are counted.
@@ -375,8 +395,29 @@ func TestConflictRefusesToServe(t *testing.T) {
 	}
 }
 
+// A node that loads its saved counters joins meanwhile, and syncs once both
+// are done, whichever ends first.
+func TestLoadThenSync(t *testing.T) {
+	lc := Config{Self: "a", JoinRelay: time.Second, Replicated: true, Load: true}
+	s, acts := New(lc, t0)
+	if p, _ := s.Phase(); p != Loading || !slices.Equal(kinds(acts), []string{"load"}) {
+		t.Fatalf("start: %v %v", p, kinds(acts))
+	}
+	joinedFirst, acts := run(t, s, Event{Kind: Joined}, Event{Kind: Loaded})
+	if joinedFirst.phase != Syncing || !slices.Equal(kinds(acts), []string{"start-sync"}) {
+		t.Fatalf("joined, then loaded: %v %v", joinedFirst.phase, kinds(acts))
+	}
+	loadedFirst, _ := run(t, s, Event{Kind: Loaded}, Event{Kind: Joined})
+	if loadedFirst.phase != Syncing {
+		t.Fatalf("loaded, then joined: %v", loadedFirst.phase)
+	}
+	if s, acts := New(cfg, t0); s.phase != Joining || len(acts) != 0 {
+		t.Fatalf("without Load: %v %v", s.phase, kinds(acts))
+	}
+}
+
 func TestPhaseSince(t *testing.T) {
-	s := New(cfg, t0)
+	s, _ := New(cfg, t0)
 	s, _ = Step(s, Event{Kind: Joined}, t0.Add(time.Second))
 	if p, since := s.Phase(); p != Syncing || !since.Equal(t0.Add(time.Second)) {
 		t.Fatalf("%v since %v", p, since)
@@ -392,7 +433,7 @@ func FuzzStep(f *testing.F) {
 	f.Add([]byte{1, 2, 0, 4, 5, 5, 6, 5, 7, 8})
 	f.Add([]byte{0x10, 1, 2, 3, 2, 0x31, 4, 6})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		s := New(cfg, t0)
+		s, _ := New(cfg, t0)
 		ids := []string{"a", "b", "c", "d"}
 		for i, x := range b {
 			ev := Event{Kind: EventKind(x % byte(numEvents))}
