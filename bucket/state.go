@@ -42,6 +42,15 @@ func (c counter) state() State {
 	return State{Algorithm: c.algo, Window: c.window, Unit: c.unit, Count: c.count}
 }
 
+// End returns when st stops mattering, Unix ns: Store.Get and Store.Merge
+// treat it as expired at any now >= End. That is the end of its window for
+// FixedWindow, of the window after it for SlidingWindow, and TAT rounded up
+// to a multiple of Unit for TokenBucket; math.MinInt64 for an unknown
+// Algorithm.
+func (st State) End() int64 {
+	return st.counter().end()
+}
+
 // laterThan orders states of one key: by Window, then Unit, then Algorithm.
 // Merge keeps the later of two states and the larger count of equal ones.
 func (c counter) laterThan(o counter) bool {
@@ -126,6 +135,7 @@ func (s *Store) Merge(now int64, key []byte, st State) bool {
 	sh.tick++
 	e.tick = sh.tick
 	sh.noteEnd(next.end())
+	sh.changes++
 	return true
 }
 

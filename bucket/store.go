@@ -122,6 +122,9 @@ type shardData struct {
 	// minEnd is a lower bound of the entries' end times: no entry is
 	// expired before it. Sweeping makes it exact again.
 	minEnd int64
+	// changes counts the writes that changed or inserted an entry (see
+	// Store.Changes).
+	changes uint64
 }
 
 // shard pads shardData to its own cache lines.
@@ -256,6 +259,7 @@ func (s *Store) apply(now int64, op *Op, st *State) (r Result, wrote bool) {
 		e.tick = sh.tick
 		e.set(next)
 		sh.noteEnd(next.end())
+		sh.changes++
 	case wrote:
 		s.insertLocked(sh, now, op.Key, next)
 	case e != nil && op.Mode != Peek:
@@ -307,6 +311,21 @@ func (s *Store) Bytes() int64 {
 	return n
 }
 
+// Changes returns how many times Apply and Merge have changed or inserted
+// an entry since NewStore. Removals (Sweep, Delete, eviction) are not
+// counted. A caller that saves the store periodically may skip a save when
+// Changes has not moved since the last one.
+func (s *Store) Changes() uint64 {
+	var n uint64
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		n += sh.changes
+		sh.mu.Unlock()
+	}
+	return n
+}
+
 // Evictions returns how many entries inserts into full shards have removed
 // since NewStore: expired entries swept to make room, and live entries
 // evicted because nothing was expired. Removals by Sweep and Delete are not
@@ -341,4 +360,5 @@ func (s *Store) insertLocked(sh *shard, now int64, key []byte, c counter) {
 	e.set(c)
 	sh.m[string(key)] = e
 	sh.noteEnd(c.end())
+	sh.changes++
 }
