@@ -29,8 +29,9 @@ type clusterNode struct {
 
 // startCluster joins the cluster named by --join. grpcAddr is the bound gRPC
 // listener; peers dial it at the advertised host, with dial (nil:
-// plaintext).
-func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption) (*clusterNode, error) {
+// plaintext). restore, if not nil, loads the counters saved in --data-dir:
+// the node calls it before it syncs from its peers and goes ready.
+func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption, restore func(context.Context) error) (*clusterNode, error) {
 	adv, err := advertisedGRPC(c, grpcAddr)
 	if err != nil {
 		return nil, err
@@ -58,6 +59,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 			Logger:        log,
 		},
 		Store:       store,
+		Restore:     restore,
 		Replicas:    c.Replicas,
 		DialOptions: dial,
 		Registerer:  reg,

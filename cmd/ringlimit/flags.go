@@ -44,6 +44,7 @@ type serveConfig struct {
 	MaxKeyLen       int
 	MaxRequestSize  int
 	ShutdownTimeout time.Duration
+	DataDir         string
 
 	NodeName string
 	// nodeNameFromHost: --node-name was not set and is the hostname.
@@ -206,6 +207,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	fs.IntVar(&c.MaxKeyLen, "max-key-len", 256, "longest descriptor entry key (and domain) in bytes")
 	fs.IntVar(&c.MaxRequestSize, "max-request-bytes", 256<<10, "largest encoded RLS request in bytes (gRPC and /json)")
 	fs.DurationVar(&c.ShutdownTimeout, "shutdown-timeout", 15*time.Second, "how long SIGTERM may take to drain before exiting")
+	str(&c.DataDir, "data-dir", "", "directory where this node saves its counters (windows of a minute or more) every second and at shutdown, and restores them from at start; one per node; empty keeps counters in memory only", nil)
 	str(&c.NodeName, "node-name", "", "stable identity of this node in the cluster (default: the hostname)", nil)
 	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
 	str(&c.AdvertiseAddr, "advertise-addr", "", "IP or IP:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)

@@ -95,6 +95,26 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	reg.MustRegister(storeMetrics)
 	var counter rls.Counter = rls.LocalCounter{Store: store}
 
+	// --data-dir: saved counters come back before the node serves (in a
+	// cluster, in the node's loading phase, before it syncs from its
+	// peers), and are saved every second and once more at shutdown.
+	var data *dataDir
+	var restore func(context.Context) error
+	if c.DataDir != "" {
+		var err error
+		if data, err = openDataDir(c.DataDir, c.NodeName, store, clock, log); err != nil {
+			return err
+		}
+		defer data.unlock()
+		reg.MustRegister(data.metrics.collectors()...)
+		restore = data.restore
+		if len(c.joinList()) == 0 {
+			if err := data.restore(context.Background()); err != nil {
+				log.Warn("data-dir: restoring saved counters failed; going on without them", "err", err)
+			}
+		}
+	}
+
 	tlsf, err := newTLSFiles(c)
 	if err != nil {
 		return err
@@ -119,7 +139,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	var node *clusterNode
 	var members aliveLister
 	if len(c.joinList()) > 0 {
-		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions())
+		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions(), restore)
 		if err != nil {
 			grpcLis.Close()
 			httpLis.Close()
@@ -207,6 +227,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 			}
 		}()
 	}
+	if data != nil {
+		data.start()
+	}
 	goServe("grpc", func() error { return gs.Serve(grpcLis) })
 	goServe("http", func() error { return httpSrv.Serve(httpLis) })
 	goServe("debug", func() error { return debugSrv.Serve(debugLis) })
@@ -257,7 +280,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 
 	log.Info("ringlimit serving", "version", version(), "node", c.NodeName,
 		"grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(), "debug", debugLis.Addr().String(),
-		"config", c.Config, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil)
+		"config", c.Config, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil, "data_dir", c.DataDir)
 
 	var runErr error
 	var fatal <-chan error // a node whose identity another live member holds
@@ -300,6 +323,11 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 	httpSrv.Shutdown(deadline)
 	debugSrv.Shutdown(deadline)
+	if data != nil {
+		// Nothing counts any more (the drain is over, the listeners are
+		// closed): the last save holds every count this node had.
+		data.close()
+	}
 	if watcher != nil {
 		watcher.Close()
 	}
