@@ -174,16 +174,17 @@ func ReadSnapshot(r io.Reader) (*Snapshot, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bucket: snapshot: %w", err)
 	}
-	return decodeSnapshot(b)
+	return DecodeSnapshot(b)
 }
 
 func badSnapshot(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrBadSnapshot, fmt.Sprintf(format, args...))
 }
 
-// decodeSnapshot is ReadSnapshot on bytes already read; the Snapshot keeps
-// b.
-func decodeSnapshot(b []byte) (*Snapshot, error) {
+// DecodeSnapshot is ReadSnapshot on a snapshot already in memory (a file
+// read whole with os.ReadFile, say). The Snapshot keeps b: the caller must
+// not change it while the Snapshot is in use.
+func DecodeSnapshot(b []byte) (*Snapshot, error) {
 	if len(b) < len(snapshotMagic) || string(b[:len(snapshotMagic)]) != snapshotMagic {
 		return nil, badSnapshot("not a ringlimit snapshot (no %q at the start)", snapshotMagic)
 	}

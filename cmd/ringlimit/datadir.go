@@ -24,8 +24,13 @@ const (
 	// is where the next version is written before it replaces the file.
 	snapshotFile = "counters.snap"
 	snapshotTemp = snapshotFile + ".tmp"
-	// saveInterval is how often the counters are saved while they change.
+	// saveInterval is how often the counters are saved while they change,
+	// unless a save takes more than a tenth of it (see saveDelay).
 	saveInterval = time.Second
+	// saveDuty bounds the share of one core that saving takes: after a
+	// save that took d, the next starts no sooner than d*saveDuty after the
+	// last one started.
+	saveDuty = 10
 	// minSavedUnit is the shortest window (or token bucket period) worth
 	// saving: a shorter one is over, or nearly, before a restarted node is
 	// ready.
@@ -105,7 +110,7 @@ func openDataDir(dir, node string, store *bucket.Store, clock func() int64, log 
 func (d *dataDir) restore(ctx context.Context) error {
 	defer d.restored.Store(true)
 	start := time.Now()
-	f, err := os.Open(d.path)
+	b, err := os.ReadFile(d.path)
 	if errors.Is(err, fs.ErrNotExist) {
 		d.log.Info("data-dir: no saved counters (a first start with this --data-dir)", "file", d.path)
 		return nil
@@ -113,8 +118,7 @@ func (d *dataDir) restore(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("data-dir: %w", err)
 	}
-	defer f.Close()
-	snap, err := bucket.ReadSnapshot(f)
+	snap, err := bucket.DecodeSnapshot(b)
 	if err != nil {
 		return fmt.Errorf("data-dir: %s: skipped: %w", d.path, err)
 	}
@@ -150,24 +154,37 @@ func (d *dataDir) restore(ctx context.Context) error {
 	return nil
 }
 
-// start saves every saveInterval until close; a save waits for restore.
+// start saves every saveInterval (see saveDelay) until close; a save
+// waits for restore.
 func (d *dataDir) start() {
 	d.stop, d.done = make(chan struct{}), make(chan struct{})
 	go func() {
 		defer close(d.done)
-		t := time.NewTicker(saveInterval)
-		defer t.Stop()
+		timer := time.NewTimer(saveInterval)
+		defer timer.Stop()
 		for {
 			select {
 			case <-d.stop:
 				return
-			case <-t.C:
-				if d.restored.Load() {
-					d.saveLogged(false)
-				}
+			case <-timer.C:
 			}
+			wait := saveInterval
+			if d.restored.Load() {
+				start := time.Now()
+				d.saveLogged(false)
+				wait = saveDelay(time.Since(start))
+			}
+			timer.Reset(wait)
 		}
 	}()
+}
+
+// saveDelay is how long to wait after a save that took took: the next one
+// starts saveInterval after this one did, or saveDuty times took after it
+// when that is later (a store of millions of keys), so that saving never
+// takes more than a tenth of a core.
+func saveDelay(took time.Duration) time.Duration {
+	return max(saveInterval, saveDuty*took) - took
 }
 
 // close stops the periodic saves, saves one last time (once restore has

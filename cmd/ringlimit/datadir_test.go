@@ -350,3 +350,16 @@ func fileHolds(t *testing.T, dir, node string, now int64, key string, count uint
 	})
 	return found
 }
+
+func TestSaveDelay(t *testing.T) {
+	for _, tc := range []struct{ took, want time.Duration }{
+		{0, time.Second},
+		{5 * time.Millisecond, 995 * time.Millisecond},
+		{100 * time.Millisecond, 900 * time.Millisecond},
+		{600 * time.Millisecond, 5400 * time.Millisecond},
+	} {
+		if got := saveDelay(tc.took); got != tc.want {
+			t.Errorf("saveDelay(%v) = %v, want %v", tc.took, got, tc.want)
+		}
+	}
+}

@@ -19,6 +19,7 @@
 #   BENCH_RATE_FRACTION [0.3]  paced latency run: this share of the floor's
 #                         calls/s for every setup (0 skips it)
 #   BENCH_RATE_SECONDS [5]  length of each paced run
+#   BENCH_DATADIR [1]     0 skips the --data-dir save and restore of 1 M keys
 #   BENCH_MICRO [1]       0 skips the Go micro-benchmarks
 #   BENCH_COUNT [6]       -count of each micro-benchmark (benchstat wants >= 6)
 #   BENCH_BENCHTIME [300ms]
@@ -34,6 +35,7 @@ CONNS=${BENCH_CONNS:-3}
 KEYS=${BENCH_KEYS:-10000}
 RATE_FRACTION=${BENCH_RATE_FRACTION:-0.3}
 RATE_SECONDS=${BENCH_RATE_SECONDS:-5}
+DATADIR=${BENCH_DATADIR:-1}
 MICRO=${BENCH_MICRO:-1}
 COUNT=${BENCH_COUNT:-6}
 BENCHTIME=${BENCH_BENCHTIME:-300ms}
@@ -299,6 +301,39 @@ if [ ${#rate_reports[@]} -gt 0 ]; then
 		p = $(NF - 3) + 0
 		printf "target three nodes p99.9 at a fixed rate far inside 20 ms (<= 10 ms): %.3f ms %s\n", p, (p <= 10 ? "met" : "MISSED")
 	}' "$OUT/rate-table.txt" | tee -a "$OUT/rate-table.txt"
+fi
+
+# --- --data-dir: saving and restoring 1 M counters ---------------------------
+# The file goes under $OUT, on the disk the repository is on (a temporary
+# directory may be in memory, where fsync costs nothing).
+if [ "$DATADIR" != 0 ]; then
+	echo
+	echo "--data-dir with 1 M hour-window counters (seed-shaped keys), median of 3 (output in $OUT/datadir.txt):"
+	set +e
+	RINGLIMIT_BENCH_DIR=$(cd "$OUT" && pwd) "$GO" test -run '^$' -bench '^BenchmarkDataDir' -benchtime 3x -count 3 -benchmem \
+		./cmd/ringlimit/ >"$OUT/datadir.txt" 2>&1
+	rc=$?
+	set -e
+	if [ $rc -ne 0 ]; then
+		echo "bench.sh: the --data-dir benchmarks failed (exit $rc); see $OUT/datadir.txt" >&2
+		exit $rc
+	fi
+	# Columns: name runs ns/op [B/key] MiB ...; medians by ns/op.
+	awk '/^BenchmarkDataDir/ {
+		name = $1; sub(/-[0-9]+$/, "", name); sub(/^BenchmarkDataDir/, "", name)
+		ms = $3 / 1e6; mib = ""; bkey = ""
+		for (i = 4; i < NF; i++) { if ($(i + 1) == "MiB") mib = $i; if ($(i + 1) == "B/key") bkey = $i }
+		k = ++n[name]; v[name, k] = ms; m[name] = mib; b[name] = bkey
+	}
+	function median(name,   c, i, j, t, a) {
+		c = n[name]; for (i = 1; i <= c; i++) a[i] = v[name, i]
+		for (i = 2; i <= c; i++) for (j = i; j > 1 && a[j] < a[j - 1]; j--) { t = a[j]; a[j] = a[j - 1]; a[j - 1] = t }
+		return a[int((c + 1) / 2)]
+	}
+	END {
+		if (n["Save"]) printf "  save (snapshot, fsync, rename): %7.0f ms per 1 M keys, %s MiB on disk (%s bytes per key)\n", median("Save"), m["Save"], b["Save"]
+		if (n["Restore"]) printf "  restore (read, check, merge):   %7.0f ms per 1 M keys\n", median("Restore")
+	}' "$OUT/datadir.txt" | tee "$OUT/datadir-table.txt"
 fi
 
 # --- Go micro-benchmarks -----------------------------------------------------
