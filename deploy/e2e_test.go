@@ -243,10 +243,51 @@ func podEtc(t *testing.T, k *kit, p pod, hosts string, gossipKey []byte) string 
 }
 
 // privateEtc is the command prefix that runs argv with dir bind-mounted
-// over /etc in a new mount namespace (a private one: nothing leaks out).
-func privateEtc(unshare, mount, dir string, argv ...string) []string {
-	return append([]string{unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c",
-		`"$0" --bind "$1" /etc && shift && exec "$@"`, mount, dir}, argv...)
+// over /etc, and each bind's source over its target, in a new mount
+// namespace (a private one: nothing leaks out).
+func privateEtc(unshare, mount, dir string, binds []bind, argv ...string) []string {
+	script := `"$0" --bind "$1" /etc`
+	params := []string{mount, dir}
+	for _, b := range binds {
+		n := len(params)
+		script += fmt.Sprintf(` && "$0" --bind "${%d}" "${%d}"`, n, n+1)
+		params = append(params, b.source, b.target)
+	}
+	script += fmt.Sprintf(` && shift %d && exec "$@"`, len(params)-1)
+	return append(append([]string{unshare, "--mount", "--propagation", "private", "--", "/bin/sh", "-c", script}, params...), argv...)
+}
+
+// bind is a directory mounted over another.
+type bind struct{ source, target string }
+
+// podClaims lays out the StatefulSet's volumeClaimTemplates for one pod: a
+// new empty directory for each claim the container mounts, as a fresh
+// PersistentVolume is. Each is reached by binding a directory over its
+// mount path's parent (which exists here, as /var/lib does), holding it
+// under the mount path's name. dirs maps each mount path to the directory
+// the pod writes, as seen from this test.
+func podClaims(t *testing.T, k *kit) (binds []bind, dirs map[string]string) {
+	t.Helper()
+	dirs = map[string]string{}
+	for _, pvc := range k.statefulSet.Spec.VolumeClaimTemplates {
+		for _, m := range k.container(t).VolumeMounts {
+			if m.Name != pvc.Name {
+				continue
+			}
+			parent := filepath.Dir(m.MountPath)
+			if st, err := os.Stat(parent); err != nil || !st.IsDir() {
+				t.Fatalf("claim %s is mounted at %s, whose parent this test cannot bind over: %v", pvc.Name, m.MountPath, err)
+			}
+			root := t.TempDir()
+			dir := filepath.Join(root, filepath.Base(m.MountPath))
+			if err := os.Mkdir(dir, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			binds = append(binds, bind{root, parent})
+			dirs[m.MountPath] = dir
+		}
+	}
+	return binds, dirs
 }
 
 // freeBlock picks three loopback IPs on which every port of the container
@@ -324,7 +365,7 @@ func TestStatefulSetE2E(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(probe, "hosts"), []byte("private-etc-works\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	pf := privateEtc(unshare, mount, probe, "/bin/cat", "/etc/hosts")
+	pf := privateEtc(unshare, mount, probe, nil, "/bin/cat", "/etc/hosts")
 	if out, err := exec.Command(pf[0], pf[1:]...).CombinedOutput(); err != nil || !strings.Contains(string(out), "private-etc-works") {
 		t.Skipf("cannot bind-mount a private /etc here (unshare --mount): %v: %s", err, out)
 	}
@@ -353,13 +394,16 @@ func TestStatefulSetE2E(t *testing.T) {
 	var procs []*proc
 	var pods []pod
 	var etcs []string
+	var claims []map[string]string
 	for i, ip := range ips {
 		p, env, args := expandedPod(t, k, i, ip)
 		etc := podEtc(t, k, p, hosts.String(), key)
 		etcs = append(etcs, etc)
+		binds, dirs := podClaims(t, k)
+		claims = append(claims, dirs)
 		// No command in the manifest: the image's ENTRYPOINT (the binary)
 		// runs with the manifest's args.
-		argv := privateEtc(unshare, mount, etc, append([]string{bin}, args...)...)
+		argv := privateEtc(unshare, mount, etc, binds, append([]string{bin}, args...)...)
 		procs = append(procs, startProc(t, p.name, env, argv...))
 		pods = append(pods, p)
 	}
@@ -499,6 +543,20 @@ func TestStatefulSetE2E(t *testing.T) {
 	}
 	t.Logf("%s drained and exited in %v", last.name, time.Since(start).Round(time.Millisecond))
 	waitRing(pods[:len(pods)-1])
+
+	// It saved its counters on its claim at shutdown (--data-dir).
+	if dataDir, ok := flagValue(c.Args, "data-dir"); ok {
+		dir, ok := claims[len(claims)-1][dataDir]
+		if !ok {
+			t.Fatalf("--data-dir=%s is not on a volumeClaimTemplate", dataDir)
+		}
+		if fi, err := os.Stat(filepath.Join(dir, "counters.snap")); err != nil || fi.Size() == 0 {
+			t.Errorf("%s: no counters saved in --data-dir after SIGTERM: %v", last.name, err)
+		}
+		if out := last.out.String(); !strings.Contains(out, "counters saved at shutdown") {
+			t.Errorf("%s: no shutdown save in the log", last.name)
+		}
+	}
 }
 
 // seedRequest is what the seed's Envoy sends for one client and path.

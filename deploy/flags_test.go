@@ -87,6 +87,7 @@ func TestArgsAcceptedByServe(t *testing.T) {
 					"LogFormat":       "json", // from LOG_FORMAT, envoyproxy/ratelimit's variable
 					"LogLevel":        "info",
 					"ShutdownTimeout": "30s",
+					"DataDir":         "/var/lib/ringlimit",
 				} {
 					if got[field] != want {
 						t.Errorf("%s = %q, want %q\n%s", field, got[field], want, out)

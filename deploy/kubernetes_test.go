@@ -542,6 +542,56 @@ func checkKit(t *testing.T, k *kit) {
 		}
 	})
 
+	t.Run("data-dir", func(t *testing.T) {
+		dataDir := mustFlag(t, args, "data-dir")
+		var mount *corev1.VolumeMount
+		for i, m := range c.VolumeMounts {
+			if filepath.Clean(m.MountPath) == filepath.Clean(dataDir) {
+				mount = &c.VolumeMounts[i]
+			}
+		}
+		if mount == nil {
+			t.Fatalf("--data-dir=%s is not a volume mount (the root file system is read-only)", dataDir)
+		}
+		if mount.ReadOnly || mount.SubPath != "" || mount.SubPathExpr != "" {
+			t.Errorf("data mount %+v must be writable and whole", *mount)
+		}
+		for _, v := range podSpec.Volumes {
+			if v.Name == mount.Name {
+				t.Errorf("volume %s is a pod volume; the base keeps --data-dir on a volumeClaimTemplate, so it outlives the pod", v.Name)
+			}
+		}
+		var claim *corev1.PersistentVolumeClaim
+		for i, pvc := range sts.Spec.VolumeClaimTemplates {
+			if pvc.Name == mount.Name {
+				claim = &sts.Spec.VolumeClaimTemplates[i]
+			}
+		}
+		if claim == nil {
+			t.Fatalf("mount %s of --data-dir has no volumeClaimTemplate", mount.Name)
+		}
+		if !slices.Equal(claim.Spec.AccessModes, []corev1.PersistentVolumeAccessMode{corev1.ReadWriteOnce}) {
+			t.Errorf("data claim access modes %v, want [ReadWriteOnce] (one pod per volume)", claim.Spec.AccessModes)
+		}
+		// The snapshot is at most about --max-store-bytes, and a save
+		// writes the next one beside it before the rename.
+		storeBytes := resource.MustParse("256Mi")
+		if v, ok := flagValue(args, "max-store-bytes"); ok {
+			storeBytes = resource.MustParse(v)
+		}
+		want := storeBytes.DeepCopy()
+		want.Add(storeBytes)
+		if got := claim.Spec.Resources.Requests[corev1.ResourceStorage]; got.Cmp(want) < 0 {
+			t.Errorf("data claim asks for %s, less than twice --max-store-bytes (%s)", got.String(), want.String())
+		}
+		if !selects(sts.Spec.Selector.MatchLabels, claim.Labels) {
+			t.Errorf("data claim labels %v do not carry the StatefulSet's selector %v (kubectl get pvc -l ... should find them)", claim.Labels, sts.Spec.Selector.MatchLabels)
+		}
+		if podSpec.SecurityContext == nil || podSpec.SecurityContext.FSGroup == nil {
+			t.Error("no fsGroup: the non-root user cannot write the data volume")
+		}
+	})
+
 	t.Run("probes", func(t *testing.T) {
 		httpPort := portOf(t, mustFlag(t, args, "http-addr"))
 		debugPort := portOf(t, mustFlag(t, args, "debug-addr"))
