@@ -106,9 +106,15 @@ func openDataDir(dir, node string, store *bucket.Store, clock func() int64, log 
 // one line saying what it found. A missing file (a first start) and a file
 // whose windows are all over are normal and return nil; a file that cannot
 // be read, is damaged or was written by another node is skipped whole and
-// returned as an error. ctx ends a long restore early.
-func (d *dataDir) restore(ctx context.Context) error {
-	defer d.restored.Store(true)
+// returned as an error. Once it has returned, saves may replace the file.
+// ctx ends a long restore early; the file is then never replaced, since
+// the store holds only part of it.
+func (d *dataDir) restore(ctx context.Context) (err error) {
+	defer func() {
+		if ctx.Err() == nil {
+			d.restored.Store(true)
+		}
+	}()
 	start := time.Now()
 	b, err := os.ReadFile(d.path)
 	if errors.Is(err, fs.ErrNotExist) {

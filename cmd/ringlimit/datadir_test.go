@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"os"
@@ -361,5 +362,38 @@ func TestSaveDelay(t *testing.T) {
 		if got := saveDelay(tc.took); got != tc.want {
 			t.Errorf("saveDelay(%v) = %v, want %v", tc.took, got, tc.want)
 		}
+	}
+}
+
+// A restore cut short (the node closed while loading) leaves the file as
+// it was: the store holds only part of it, and no save may replace it.
+func TestDataDirRestoreCutShort(t *testing.T) {
+	dir := t.TempDir()
+	a := openTestDataDir(t, dir, "node-a", t0)
+	for i := range 10_000 {
+		a.hit(fmt.Sprintf("key-%d", i), hourLimit, 1)
+	}
+	a.d.restored.Store(true)
+	if _, _, _, err := a.d.save(); err != nil {
+		t.Fatal(err)
+	}
+	a.d.unlock()
+	before, err := os.ReadFile(filepath.Join(dir, snapshotFile))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := openTestDataDir(t, dir, "node-a", t0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if err := b.d.restore(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("restore with a cancelled context: %v", err)
+	}
+	if n := b.store.Len(); n == 0 || n == 10_000 {
+		t.Fatalf("%d keys restored, want part of them", n)
+	}
+	b.d.start()
+	b.d.close()
+	if after, err := os.ReadFile(filepath.Join(dir, snapshotFile)); err != nil || !bytes.Equal(after, before) {
+		t.Fatalf("the file changed after a cut-short restore (err %v)", err)
 	}
 }
