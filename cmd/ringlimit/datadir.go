@@ -56,8 +56,9 @@ type dataDir struct {
 	log             *slog.Logger
 	unlock          func()
 
-	// restored is set once restore has run (whatever it found): until
-	// then a save would replace a file not read yet.
+	// restored is set once restore has returned, whatever it found,
+	// unless it was cut short: until then a save would replace a file not
+	// read yet.
 	restored atomic.Bool
 
 	mu          sync.Mutex // one save at a time; guards what follows

@@ -397,3 +397,23 @@ func TestDataDirRestoreCutShort(t *testing.T) {
 		t.Fatalf("the file changed after a cut-short restore (err %v)", err)
 	}
 }
+
+func TestDataDirFlagAndEnv(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		env  environment
+		want string
+	}{
+		{nil, nil, ""},
+		{nil, environment{"RINGLIMIT_DATA_DIR=/from/env"}, "/from/env"},
+		{[]string{"--data-dir", "/from/flag"}, environment{"RINGLIMIT_DATA_DIR=/from/env"}, "/from/flag"},
+	} {
+		c, _, err := parseServeFlags(append([]string{"--node-name", "n"}, tc.args...), tc.env, io.Discard)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if c.DataDir != tc.want {
+			t.Errorf("args %q env %q: DataDir %q, want %q", tc.args, tc.env, c.DataDir, tc.want)
+		}
+	}
+}
