@@ -137,7 +137,7 @@ func NewSchedule(seed uint64, nodes, maxNodes int) *Schedule {
 
 	// Half the keys count per second with small limits, half per ten
 	// seconds; the faults add fresh keys of their own.
-	n1, n10 := 8+rKeys.IntN(5), 8+rKeys.IntN(5)
+	n1, n10 := 6+rKeys.IntN(4), 6+rKeys.IntN(4)
 	for i := range n1 {
 		s.Keys = append(s.Keys, Key{Name: fmt.Sprintf("s%02d", i), Limit: uint64(10 + rKeys.IntN(31)), Unit: time.Second})
 	}

