@@ -17,16 +17,18 @@
 // packet's fate by its place on its link. What it does not: the nodes' own
 // randomness (memberlist's math/rand, the membership's name suffix, Go's
 // map and select order) and the order goroutines run in within one virtual
-// instant. A replay runs the same schedule; runs agree exactly until the
-// first membership change and then differ in a few percent of answers, so
-// a violation that needs a narrow race may not show on every replay
-// (TestSim's -sim.repeat measures it).
+// instant. A replay runs the same schedule; in the runs measured, runs of a
+// seed agree answer for answer up to the first join or drain (whose
+// readiness or leave memberlist gossips to random peers) and differ after
+// it in up to a few percent of answers, so a violation that needs a narrow
+// race may not show on every replay (TestSim's -sim.repeat measures it).
 //
 // A pause freezes the node's host on the network (simnet.Freeze) and its
 // clock.Freezable, and its Envoys stop calling it. Until NodeConfig takes
 // that clock (see node.go), the node's own timers keep running through a
-// pause: its pause detector does not fire, so a thawed node does not
-// re-sync, and the pause row's bound is tested against that.
+// pause: its pause detector does not fire and a thawed node does not
+// re-sync, so a pause is a node cut off from every peer that comes back
+// with its old counters.
 //
 // Nothing outside tests imports it.
 package sim
