@@ -7,5 +7,28 @@
 // the same ring once the faults stop. `make sim` runs it over many seeds;
 // `make sim SIM_SEED=n` replays one.
 //
+// The files: schedule.go draws a run from its seed (NewSchedule); node.go
+// is the only file that knows cluster.Node's API (build, drain, stop, read
+// a node); cluster.go keeps the simulated hosts and their nodes; run.go
+// drives one run (Run) and checks it; check.go is the Checker and Bounds.
+//
+// What a seed fixes: the schedule (cluster size, network, keys, faults,
+// every call's time, keys and entry-node pick) and, through simnet, each
+// packet's fate by its place on its link. What it does not: the nodes' own
+// randomness (memberlist's math/rand, the membership's name suffix, Go's
+// map and select order) and the order goroutines run in within one virtual
+// instant. A replay runs the same schedule; in the runs measured, runs of a
+// seed agree answer for answer up to the first join or drain (whose
+// readiness or leave memberlist gossips to random peers) and differ after
+// it in up to a few percent of answers, so a violation that needs a narrow
+// race may not show on every replay (TestSim's -sim.repeat measures it).
+//
+// A pause freezes the node's host on the network (simnet.Freeze) and its
+// clock.Freezable, and its Envoys stop calling it. Until NodeConfig takes
+// that clock (see node.go), the node's own timers keep running through a
+// pause: its pause detector does not fire and a thawed node does not
+// re-sync, so a pause is a node cut off from every peer that comes back
+// with its old counters.
+//
 // Nothing outside tests imports it.
 package sim
