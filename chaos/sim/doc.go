@@ -24,11 +24,10 @@
 // race may not show on every replay (TestSim's -sim.repeat measures it).
 //
 // A pause freezes the node's host on the network (simnet.Freeze) and its
-// clock.Freezable, and its Envoys stop calling it. Until NodeConfig takes
-// that clock (see node.go), the node's own timers keep running through a
-// pause: its pause detector does not fire and a thawed node does not
-// re-sync, so a pause is a node cut off from every peer that comes back
-// with its old counters.
+// clock.Freezable (its timers stop, as a SIGSTOPped process's loops do; its
+// pause detector sees the gap at the thaw and it re-syncs), and its Envoys
+// stop calling it. memberlist's own timers, which do not take the node's
+// clock, go on: a frozen node's gossip is held by the network, not stopped.
 //
 // Nothing outside tests imports it.
 package sim

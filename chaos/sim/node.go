@@ -6,12 +6,9 @@ package sim
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
-	"net/http/httptest"
 	"strconv"
 	"time"
 
@@ -21,7 +18,9 @@ import (
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster"
 	"github.com/ringlimit/ringlimit/cluster/clock"
+	"github.com/ringlimit/ringlimit/cluster/membership"
 	"github.com/ringlimit/ringlimit/cluster/simnet"
+	"github.com/ringlimit/ringlimit/cluster/transport"
 )
 
 // The ports every simulated node binds on its host.
@@ -83,20 +82,18 @@ func startNode(s nodeSpec) (*simNode, error) {
 	}
 	clk := s.Clock
 	cfg := cluster.NodeConfig{
-		Membership: cluster.MembershipConfig{
+		Membership: membership.Config{
 			ID:        s.ID,
 			GRPCAddr:  net.JoinHostPort(ip, strconv.Itoa(grpcPort)),
 			Transport: tr,
 			Join:      s.Join,
-			Preset:    "lan",
 			Logger:    s.Logger,
 		},
-		Store: bucket.NewStore(bucket.StoreConfig{}),
-		Clock: func() int64 { return clk.Now().UnixNano() },
-		// CLOCK: once NodeConfig takes a clock.Clock (cluster/clock), pass
-		// the freezable one instead of Clock above, so that a pause stops
-		// the node's timers and its pause detector sees the gap:
-		//   Clock: clk,
+		Store:  bucket.NewStore(bucket.StoreConfig{}),
+		Timing: cluster.LAN(),
+		// Frozen with its host, the clock holds the node's timers, and its
+		// pause detector sees the gap at the thaw.
+		Clock: clk,
 		DialOptions: []grpc.DialOption{
 			grpc.WithContextDialer(s.Host.Dial),
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -105,9 +102,9 @@ func startNode(s nodeSpec) (*simNode, error) {
 	}
 	switch s.Break {
 	case BreakRelay:
-		cfg.JoinRelay = -1
+		cfg.Timing.JoinRelay = -1
 	case BreakReplication:
-		cfg.ReplicateInterval = time.Hour
+		cfg.Timing.ReplicateInterval = time.Hour
 	}
 	n, err := cluster.NewNode(cfg)
 	if err != nil {
@@ -115,7 +112,7 @@ func startNode(s nodeSpec) (*simNode, error) {
 		tr.Shutdown()
 		return nil, fmt.Errorf("sim: start %s: %w", s.ID, err)
 	}
-	gs := grpc.NewServer(cluster.ServerOptions()...)
+	gs := grpc.NewServer(transport.ServerOptions()...)
 	n.Register(gs)
 	sn := &simNode{id: s.ID, clk: clk, node: n, gs: gs, served: make(chan struct{})}
 	go func() {
@@ -180,15 +177,8 @@ type nodeStatus struct {
 	Ring  []string // the IDs of the ring it routes by, sorted
 }
 
-// status reads the node's readiness and ring, from its /debug/cluster.
+// status reads the node's readiness and ring.
 func (n *simNode) status() (nodeStatus, error) {
-	rec := httptest.NewRecorder()
-	n.node.DebugHandler().ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/debug/cluster", nil))
-	var out struct {
-		Ring []string `json:"ring"`
-	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &out); err != nil {
-		return nodeStatus{}, fmt.Errorf("sim: %s: /debug/cluster: %w", n.id, err)
-	}
-	return nodeStatus{Ready: n.node.Ready(), Ring: out.Ring}, nil
+	st := n.node.Status()
+	return nodeStatus{Ready: st.Ready, Ring: st.Ring}, nil
 }
