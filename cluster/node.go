@@ -175,7 +175,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 	if err != nil {
 		return nil, err
 	}
-	n.view.Store(&view{ring: empty, targets: empty, relay: empty, addrs: map[string]string{n.self: n.selfAddr}, built: n.start})
+	n.view.Store(&view{ring: empty, targets: empty, relay: empty, behind: empty, addrs: map[string]string{n.self: n.selfAddr}, built: n.start})
 	var reg *undoRegisterer // takes back every package's metrics if NewNode fails
 	if cfg.Registerer != nil {
 		reg = &undoRegisterer{reg: cfg.Registerer}

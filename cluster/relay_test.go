@@ -106,7 +106,7 @@ func TestNodeJoiningNodeRelays(t *testing.T) {
 				key = k
 			}
 		}
-		prevID, _ := c.node.view.Load().relay.Owner([]byte(key))
+		prevID := nodeRelayTarget(c, key)
 		prev := nodeByID(nodes, prevID)
 		// A peer that has not seen c ready yet sends the key to prev, whose
 		// peer server applies it: prev's store applies the op directly.
@@ -170,9 +170,10 @@ func TestNodeTwoJoiningNodesRelay(t *testing.T) {
 				key = k
 			}
 		}
-		prevID, _ := c.node.view.Load().relay.Owner([]byte(key))
-		if dPrev, _ := d.node.view.Load().relay.Owner([]byte(key)); dPrev != prevID || (prevID != "a" && prevID != "b") {
-			t.Fatalf("c relays %s to %s, d to %s: want one of a and b, the same", key, prevID, dPrev)
+		// c relays it past d (relaying too) to where d would: a or b.
+		prevID := nodeRelayTarget(c, key)
+		if prevID != "a" && prevID != "b" {
+			t.Fatalf("c relays %s to %s: want one of a and b", key, prevID)
 		}
 		for i, via := range []*nodeTestNode{c, d, nodes[0], nodes[1], d, c} {
 			if r := nodeHit(t, via, key, 1); r.Count != uint64(i+1) {
@@ -206,7 +207,7 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 		key := ""
 		for i := 0; key == ""; i++ {
 			k := fmt.Sprintf("drainjoin-%d", i)
-			if o, _ := d.node.view.Load().relay.Owner([]byte(k)); o == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
+			if o := nodeRelayTarget(d, k); o == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
 				key = k
 			}
 		}
@@ -223,6 +224,37 @@ func TestNodeDrainDuringJoinRelay(t *testing.T) {
 		counts := []uint64{nodeHit(t, d, key, 1).Count, nodeDecide(t, b, key), nodeDecide(t, d, key), nodeHit(t, nodes[0], key, 1).Count, nodeDecide(t, b, key)}
 		if !slices.Equal(counts, []uint64{4, 5, 6, 7, 8}) || nodeCount(d, key) != 8 {
 			t.Fatalf("counts via d, b, d, a, b: %v, d holds %d; want 4 to 8, at d", counts, nodeCount(d, key))
+		}
+	})
+}
+
+// TestNodeJoinRelayPreviousOwnerDies: when the previous owner a joining
+// node relays a key to dies during the relay, the joining node decides the
+// key itself, from the copy that owner replicated to it, not a peer with an
+// older copy.
+func TestNodeJoinRelayPreviousOwnerDies(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sim := newSimCluster(t)
+		nodes, joiners := nodeJoinRelayCluster(t, sim, []string{"a", "b", "c"}, []string{"d"})
+		d, b := joiners[0], nodes[1]
+		key := ""
+		for i := 0; key == ""; i++ {
+			k := fmt.Sprintf("joindie-%d", i)
+			if nodeRelayTarget(d, k) == "b" && nodeSuccessors(d, k, 1)[0] == "d" {
+				key = k
+			}
+		}
+		for i := range 5 {
+			if r := nodeHit(t, d, key, 1); r.Count != uint64(i+1) {
+				t.Fatalf("hit %d via d while it relays to b: count %d", i+1, r.Count)
+			}
+		}
+		testkit.WaitFor(t, quick, "b's writes to reach d", func() bool { return nodeCount(d, key) == 5 })
+		sim.crash(b, "b")
+		for i := range 3 {
+			if r := nodeHit(t, d, key, 1); r.Count != uint64(6+i) {
+				t.Fatalf("hit %d via d after b died: count %d, want %d (d's copy of b's count)", i+1, r.Count, 6+i)
+			}
 		}
 	})
 }
@@ -248,7 +280,7 @@ func TestNodeJoinRelayForwardsOthersKeys(t *testing.T) {
 				key = k
 			}
 		}
-		prev, _ := d.node.view.Load().relay.Owner([]byte(key))
+		prev := nodeRelayTarget(d, key)
 		counts := []uint64{nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count, nodeDecide(t, c, key), nodeHit(t, d, key, 1).Count}
 		if !slices.Equal(counts, []uint64{1, 2, 3, 4}) {
 			t.Fatalf("counts via a peer to c, d's Envoys, a peer to c, d's Envoys: %v, want 1 to 4 (one counter, at %s)", counts, prev)
@@ -316,4 +348,11 @@ func nodeEndRelay(t *testing.T, n *nodeTestNode) {
 	t.Helper()
 	n.node.post(event{endRelay: true})
 	testkit.WaitFor(t, quick, n.id+" to end its join relay", func() bool { return !nodeRelaying(n) })
+}
+
+// nodeRelayTarget is the node n sends an op for key to: for a key of its own
+// in its join relay, the previous owner it relays to.
+func nodeRelayTarget(n *nodeTestNode, key string) string {
+	id, _, _ := n.node.Owner([]byte(key))
+	return id
 }

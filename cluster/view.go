@@ -10,38 +10,46 @@ import (
 )
 
 // view is what the lifecycle last published: its phase and route, and the
-// three rings of lifecycle.State.Rings built. Ops, the peer server and the
+// rings of lifecycle.State.Rings built. Ops, the peer server and the
 // replicator read it without locks. Immutable once published.
 type view struct {
 	phase lifecycle.Phase
 	since time.Time
 	route lifecycle.Route
 	// ring owns keys; targets places the replicas of this node's writes;
-	// relay places the ops it relays (see lifecycle.Relay).
-	ring, targets, relay *ring.Ring
-	addrs                map[string]string  // ID -> gRPC address
-	members              []lifecycle.Member // the live peers the rings were built from
-	built                time.Time
+	// relay places the ops it relays, and behind those of its own keys that
+	// relay gives to a peer in its own join relay (see lifecycle.RingIDs).
+	ring, targets, relay, behind *ring.Ring
+	relaying                     map[string]bool    // peers in their own join relay
+	addrs                        map[string]string  // ID -> gRPC address
+	members                      []lifecycle.Member // the live peers the rings were built from
+	built                        time.Time
 }
 
 // placement is the ring an op for key follows in v: the state's route
-// names it (lifecycle.Relay).
-func (n *Node) placement(v *view, key []byte) *ring.Ring {
+// names it (lifecycle.Relay). relayed reports an own key in a join relay.
+func (n *Node) placement(v *view, key []byte) (r *ring.Ring, relayed bool) {
 	switch v.route.Relay {
 	case lifecycle.RelayAll:
-		return v.relay
+		return v.relay, false
 	case lifecycle.RelayOwn:
 		if id, ok := v.ring.Owner(key); ok && id == n.self {
-			return v.relay
+			// Where the peers that have not seen this node ready send the
+			// key; if that is a peer relaying too, where it relays it.
+			if o, ok := v.relay.Owner(key); ok && v.relaying[o] && v.behind.Len() > 0 {
+				return v.behind, true
+			}
+			return v.relay, true
 		}
 	}
-	return v.ring
+	return v.ring, false
 }
 
 // Owner implements transport.Owners from the current view, without locks.
 func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 	v := n.view.Load()
-	id, ok := n.placement(v, key).Owner(key)
+	r, _ := n.placement(v, key)
+	id, ok := r.Owner(key)
 	if !ok || id == n.self {
 		return n.self, v.addrs[n.self], true
 	}
@@ -49,14 +57,21 @@ func (n *Node) Owner(key []byte) (id, grpcAddr string, self bool) {
 }
 
 // Holder implements transport.Holders from the current view: the i-th of
-// the key's first Replicas distinct successors. It takes no lock and does
-// not allocate.
+// the key's first Replicas distinct successors. A key this node relays
+// while it joins has two: where it relays it, then this node, which holds
+// the copy that previous owner replicated to it (should the previous owner
+// fail, this node decides the key rather than a peer with an older copy).
+// It takes no lock and does not allocate.
 func (n *Node) Holder(key []byte, i int) (id string, self, ok bool) {
 	if i < 0 || i >= n.replicas {
 		return "", false, false
 	}
+	r, relayed := n.placement(n.view.Load(), key)
+	if relayed && i > 0 {
+		return n.self, true, i == 1
+	}
 	var buf [MaxReplicas]string
-	s := n.placement(n.view.Load(), key).Successors(key, i+1, buf[:0])
+	s := r.Successors(key, i+1, buf[:0])
 	if len(s) <= i {
 		return "", false, false
 	}
@@ -97,7 +112,7 @@ func (p *policy) MarkRelay(key []byte) bool {
 // to them, and wakes the handoff. It runs on the lifecycle goroutine.
 func (n *Node) publish(st lifecycle.State, alive []membership.Member) {
 	prev := n.view.Load()
-	ringIDs, targetIDs, relayIDs := st.Rings()
+	ids := st.Rings()
 	build := func(ids []string, reuse ...*ring.Ring) *ring.Ring {
 		for _, r := range reuse {
 			if r != nil && slices.Equal(r.Members(), ids) {
@@ -111,11 +126,16 @@ func (n *Node) publish(st lifecycle.State, alive []membership.Member) {
 		}
 		return r
 	}
-	r := build(ringIDs, prev.ring)
-	targets := build(targetIDs, r, prev.targets)
-	relay := build(relayIDs, r, targets, prev.relay)
-	if r == nil || targets == nil || relay == nil {
+	r := build(ids.Ring, prev.ring)
+	targets := build(ids.Targets, r, prev.targets)
+	relay := build(ids.Relay, r, targets, prev.relay)
+	behind := build(ids.Behind, relay, prev.behind)
+	if r == nil || targets == nil || relay == nil || behind == nil {
 		return
+	}
+	relaying := make(map[string]bool, len(ids.Relaying))
+	for _, id := range ids.Relaying {
+		relaying[id] = true
 	}
 	addrs := map[string]string{n.self: n.selfAddr}
 	peers := map[string]string{}
@@ -135,7 +155,7 @@ func (n *Node) publish(st lifecycle.State, alive []membership.Member) {
 	n.fwd.AddPeers(peers)
 	phase, since := st.Phase()
 	n.view.Store(&view{phase: phase, since: since, route: st.Route(), ring: r, targets: targets, relay: relay,
-		addrs: addrs, members: st.Members(), built: n.clock.Now()})
+		behind: behind, relaying: relaying, addrs: addrs, members: st.Members(), built: n.clock.Now()})
 	n.fwd.SetPeers(peers)
 	n.metrics.members.Set(float64(r.Len()))
 	if st.Route().InRing {
@@ -145,7 +165,7 @@ func (n *Node) publish(st lifecycle.State, alive []membership.Member) {
 	}
 	if changed {
 		n.metrics.rebuilds.Inc()
-		n.log.Info("ring rebuilt", "members", ringIDs)
+		n.log.Info("ring rebuilt", "members", ids.Ring)
 		select {
 		case n.handoffKick <- struct{}{}:
 		default:

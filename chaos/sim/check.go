@@ -38,6 +38,34 @@ type Fault struct {
 	At, Until time.Duration
 	Nodes     []string // the nodes it strikes
 	Sides     int      // Partition: how many sides
+	Peers     int      // the nodes running when it struck: every one is an entry node
+	// Relayed lists, sorted, the keys a Join or a Restart moves to the
+	// node it starts, which relays their ops to their previous owners
+	// while its readiness spreads (the join relay). Moved lists the keys a
+	// Join, Restart, Leave or Kill moves between two other nodes (the
+	// bounded-load placement), which nothing relays.
+	Relayed, Moved []string
+}
+
+// Touch is how a fault touches a key.
+type Touch uint8
+
+// The touches.
+const (
+	Other   Touch = iota // any key in a window the fault touches
+	Relayed              // in Fault.Relayed
+	Moved                // in Fault.Moved
+)
+
+// touch returns how f touches key.
+func (f *Fault) touch(key string) Touch {
+	if _, ok := slices.BinarySearch(f.Relayed, key); ok {
+		return Relayed
+	}
+	if _, ok := slices.BinarySearch(f.Moved, key); ok {
+		return Moved
+	}
+	return Other
 }
 
 // Bound is how far past its limit a key may be allowed in a window a fault
@@ -49,7 +77,7 @@ type Fault struct {
 type Bound struct {
 	Kind   FaultKind
 	Settle time.Duration
-	Extra  func(limit uint64, f Fault) uint64
+	Extra  func(k Key, f Fault, t Touch) uint64
 	Why    string
 }
 
@@ -57,19 +85,52 @@ type Bound struct {
 // cost (see Bound).
 func slack(limit uint64) uint64 { return max(3, limit/5) }
 
+// spread is what counting a key on two nodes for a second (a ring change
+// spreading) may cost: the hits one of them allowed, at most its limit,
+// and at most a second's share of it for a longer window.
+func spread(k Key) uint64 {
+	return k.Limit * uint64(min(k.Unit, time.Second)) / uint64(k.Unit)
+}
+
+// movedExtra is what a key moved between two other nodes may cost besides
+// slack: counted on both while the ring change spreads.
+func movedExtra(k Key, t Touch) uint64 {
+	if t == Moved {
+		return spread(k)
+	}
+	return 0
+}
+
+// joined is the bound of a Join and of a Restart: a key the new node
+// relays may lose the previous owner's last replication interval at the
+// switch (5 ms: at the simulation's rates one or two hits); a key moved
+// between two other nodes is counted on both while the ring change spreads
+// (up to about a second); any other, slack.
+func joined(k Key, _ Fault, t Touch) uint64 {
+	switch t {
+	case Relayed:
+		return 2
+	case Moved:
+		return slack(k.Limit) + spread(k)
+	}
+	return slack(k.Limit)
+}
+
 // Bounds is the specification, one row per fault.
 var Bounds = [numFaults]Bound{
-	Join: {Join, 3 * time.Second, func(l uint64, _ Fault) uint64 { return slack(l) },
-		"the previous owner's last replication interval at the end of the join relay; keys moved between the other nodes while the ring change spreads"},
-	Leave: {Leave, 3 * time.Second, func(l uint64, _ Fault) uint64 { return slack(l) },
-		"writes made during the drain's push, merged by maximum at the new owner"},
-	Kill: {Kill, 10 * time.Second, func(l uint64, _ Fault) uint64 { return slack(l) },
-		"the owner's last replication interval and each entry node's batch in flight; keys moved between survivors until the old owner's handoff"},
-	Restart: {Restart, 5 * time.Second, func(l uint64, _ Fault) uint64 { return slack(l) },
+	Join: {Join, 3 * time.Second, joined,
+		"the keys moved to the new node: the previous owner's last replication interval when the join relay ends (2 hits at the simulation's rates); the keys moved between two other nodes: counted on both while the ring change spreads, up to about a second (slack and a second's share of the limit); any other key: slack"},
+	Leave: {Leave, 3 * time.Second, func(k Key, _ Fault, t Touch) uint64 { return slack(k.Limit) + movedExtra(k, t) },
+		"writes made during the drain's push, merged by maximum at the new owner (slack); the keys moved between survivors are counted on their old and new owner while the leave spreads, as a join's (slack and a second's share)"},
+	Kill: {Kill, 10 * time.Second, func(k Key, f Fault, t Touch) uint64 {
+		return slack(k.Limit) + 2*uint64(max(1, f.Peers)-1) + movedExtra(k, t)
+	},
+		"the owner's last replication interval (slack); each entry node's batch in flight, decided on its own counter (an entry node learns of the crash from the batch that fails, on each of its two senders: 2 hits per entry node); the keys moved between survivors (Moved) until the old owner's handoff, a few hundred milliseconds (a second's share)"},
+	Restart: {Restart, 5 * time.Second, joined,
 		"as a join"},
-	Pause: {Pause, 10 * time.Second, func(l uint64, _ Fault) uint64 { return slack(l) + l/2 },
+	Pause: {Pause, 10 * time.Second, func(k Key, _ Fault, _ Touch) uint64 { return slack(k.Limit) + k.Limit/2 },
 		"ops entry nodes decide on their own counters before the owner is suspect, only for keys they saw below half their limit"},
-	Partition: {Partition, 5 * time.Second, func(l uint64, f Fault) uint64 { return l*uint64(max(1, f.Sides-1)) + slack(l) },
+	Partition: {Partition, 5 * time.Second, func(k Key, f Fault, _ Touch) uint64 { return k.Limit*uint64(max(1, f.Sides-1)) + slack(k.Limit) },
 		"each side may allow the limit once more until the sides merge"},
 }
 
@@ -90,6 +151,7 @@ type Checker struct {
 	faults  []Fault
 	calls   int
 	late    []string // calls answered after their deadline
+	failed  []string // calls that got no usable answer, and other failures
 }
 
 // window is one key's window, named by its end on the unit grid.
@@ -130,7 +192,15 @@ func (c *Checker) Answer(key string, at time.Duration, over bool, resetAfter, to
 	c.allowed[window{key, end}]++
 }
 
-// Violation is a window allowed past its bound, or a late answer.
+// Fail records a failure that is not a count: a call that found no node
+// to send it to, an answer that makes no sense, a cluster that did not
+// converge once the faults stopped.
+func (c *Checker) Fail(at time.Duration, what string) {
+	c.failed = append(c.failed, fmt.Sprintf("at %v: %s", at, what))
+}
+
+// Violation is a window allowed past its bound, a late answer or a
+// failure (Fail).
 type Violation struct {
 	What string
 	key  string
@@ -138,7 +208,8 @@ type Violation struct {
 }
 
 // Violations returns, sorted, every window allowed more than its limit plus
-// the extra the faults touching it may cost, and every late answer.
+// the extra the faults touching it may cost, then every late answer and
+// every failure.
 func (c *Checker) Violations() []Violation {
 	var out []Violation
 	for w, n := range c.allowed {
@@ -147,7 +218,7 @@ func (c *Checker) Violations() []Violation {
 		for _, f := range c.faults {
 			b := Bounds[f.Kind]
 			if f.At < w.end && f.Until+b.Settle > w.end-k.Unit {
-				bound += b.Extra(k.Limit, f)
+				bound += b.Extra(k, f, f.touch(w.key))
 				why = append(why, fmt.Sprintf("%v at %v", f.Kind, f.At))
 			}
 		}
@@ -168,6 +239,9 @@ func (c *Checker) Violations() []Violation {
 	for _, l := range c.late {
 		out = append(out, Violation{What: "late: " + l})
 	}
+	for _, f := range c.failed {
+		out = append(out, Violation{What: "failed: " + f})
+	}
 	return out
 }
 
@@ -175,8 +249,18 @@ func (c *Checker) Violations() []Violation {
 func (c *Checker) Calls() int { return c.calls }
 
 // Worst returns the largest excess over the limit of any window, in hits,
-// and whether a fault touched that window: how close a run came.
+// and that window ("key@end"): how close a run came.
 func (c *Checker) Worst() (excess uint64, key string) {
+	for _, w := range c.windows() {
+		if n, l := c.allowed[w], c.keys[w.key].Limit; n > l && n-l > excess {
+			excess, key = n-l, fmt.Sprintf("%s@%v", w.key, w.end)
+		}
+	}
+	return excess, key
+}
+
+// windows returns every window with an allowed hit, by key then end.
+func (c *Checker) windows() []window {
 	ws := make([]window, 0, len(c.allowed))
 	for w := range c.allowed {
 		ws = append(ws, w)
@@ -190,10 +274,5 @@ func (c *Checker) Worst() (excess uint64, key string) {
 		}
 		return int(a.end - b.end)
 	})
-	for _, w := range ws {
-		if n, l := c.allowed[w], c.keys[w.key].Limit; n > l && n-l > excess {
-			excess, key = n-l, fmt.Sprintf("%s@%v", w.key, w.end)
-		}
-	}
-	return excess, key
+	return ws
 }

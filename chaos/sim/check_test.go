@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -41,12 +42,39 @@ func TestCheckerBounds(t *testing.T) {
 
 func TestPartitionBoundGrowsWithSides(t *testing.T) {
 	f := Fault{Kind: Partition, Sides: 3}
-	if got := Bounds[Partition].Extra(100, f); got != 220 {
+	if got := Bounds[Partition].Extra(Key{Limit: 100, Unit: time.Second}, f, Other); got != 220 {
 		t.Fatalf("3 sides, limit 100: extra %d, want 220", got)
 	}
 	for k := range numFaults {
 		if Bounds[k].Kind != k || Bounds[k].Why == "" || k.String() == "fault?" {
 			t.Fatalf("Bounds[%d] is not filled in", k)
 		}
+	}
+}
+
+// A join's relayed keys may go 2 past their limit; the keys it moves
+// between other nodes a second's share of it more than the others.
+func TestJoinBoundByTouch(t *testing.T) {
+	keys := []Key{{"r", 50, 10 * time.Second}, {"m", 50, time.Second}, {"o", 50, time.Second}}
+	c := NewChecker(keys)
+	c.Fault(Fault{Kind: Join, At: 5 * time.Second, Until: 5 * time.Second, Relayed: []string{"r"}, Moved: []string{"m"}})
+	for _, k := range []struct {
+		name    string
+		allowed int
+	}{{"r", 53}, {"m", 110}, {"o", 61}} {
+		for range k.allowed {
+			c.Answer(k.name, 5500*time.Millisecond, false, 500*time.Millisecond, time.Millisecond, 20*time.Millisecond)
+		}
+	}
+	var got []string
+	for _, v := range c.Violations() {
+		got = append(got, v.What)
+	}
+	want := []string{
+		"key o window ending 6s: 61 allowed, limit 50, bound 60 ([join at 5s])",
+		"key r window ending 10s: 53 allowed, limit 50, bound 52 ([join at 5s])",
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("violations %q, want %q", got, want)
 	}
 }

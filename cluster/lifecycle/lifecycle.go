@@ -45,12 +45,11 @@ type State struct {
 	route Route
 	want  Flags // the flags last asked to be gossiped
 
-	syncGen  uint64   // the sync whose result is awaited
-	relayGen uint64   // the current (or last) join relay
-	relayTo  []string // the settled peers when the relay began, sorted
-	ending   bool     // the relay's end is being gossiped
-	pushing  bool     // the drain's push has started
-	joined   bool     // Loading: the membership has joined meanwhile
+	syncGen  uint64 // the sync whose result is awaited
+	relayGen uint64 // the current (or last) join relay
+	ending   bool   // the relay's end is being gossiped
+	pushing  bool   // the drain's push has started
+	joined   bool   // Loading: the membership has joined meanwhile
 }
 
 // New returns the state of a node that has just started and what to do
@@ -199,10 +198,10 @@ func (s State) startSync(p Phase, now time.Time, acts []Action) (State, []Action
 // readiness and enters its own ring once that is gossiped.
 func (s State) goReady(now time.Time) (State, []Action) {
 	s.route.Serve = true
-	if to := s.settled(); s.cfg.JoinRelay > 0 && s.cfg.Replicated && len(to) > 0 && !s.someDraining() {
+	if s.cfg.JoinRelay > 0 && s.cfg.Replicated && s.someSettled() && !s.someDraining() {
 		s.phase, s.since = Relaying, now
 		s.relayGen++
-		s.relayTo, s.ending = to, false
+		s.ending = false
 		s.route.InRing, s.route.Relay = true, RelayOwn
 		acts := []Action{{Kind: Publish}}
 		acts = s.announce(Flags{Ready: true, Relaying: true}, acts)
@@ -217,7 +216,7 @@ func (s State) goReady(now time.Time) (State, []Action) {
 // short (a peer drains) tells its peers afterwards.
 func (s State) stopRelay(now time.Time, acts []Action) (State, []Action) {
 	s.phase, s.since = Serving, now
-	s.route.Relay, s.relayTo, s.ending = RelayNone, nil, false
+	s.route.Relay, s.ending = RelayNone, false
 	acts = append(acts, Action{Kind: Publish})
 	if s.want.Relaying {
 		acts = s.announce(Flags{Ready: true}, acts)
@@ -230,7 +229,7 @@ func (s State) stopRelay(now time.Time, acts []Action) (State, []Action) {
 // then syncs again.
 func (s State) resync(now time.Time) (State, []Action) {
 	s.route = Route{}
-	s.relayTo, s.ending = nil, false
+	s.ending = false
 	acts := []Action{{Kind: Forgive}, {Kind: Publish}}
 	acts = s.announce(Flags{}, acts)
 	return s.startSync(Resyncing, now, acts)
@@ -247,7 +246,7 @@ func (s State) drain(now time.Time) (State, []Action) {
 		s.route.Relay = RelayAll
 	}
 	s.route.Departing = true
-	s.relayTo, s.ending = nil, false
+	s.ending = false
 	w := s.want
 	w.Relaying, w.Draining = false, true
 	return s, s.announce(w, []Action{{Kind: Publish}})
@@ -267,15 +266,11 @@ func (s *State) announce(f Flags, acts []Action) []Action {
 	return append(acts, Action{Kind: Announce, Flags: f})
 }
 
-// settled returns the IDs of the settled peers, sorted.
-func (s State) settled() []string {
-	var ids []string
-	for _, m := range s.members {
-		if m.settled() {
-			ids = append(ids, m.ID)
-		}
-	}
-	return ids
+// someSettled reports whether a peer is settled: ready, neither relaying
+// nor draining. Without one nobody holds older counts (the first node, or
+// every node starting at once), and a node going ready does not relay.
+func (s State) someSettled() bool {
+	return slices.ContainsFunc(s.members, Member.settled)
 }
 
 func (s State) someDraining() bool {
@@ -292,17 +287,4 @@ func peers(ms []Member, self string) []Member {
 	}
 	slices.SortFunc(out, func(a, b Member) int { return strings.Compare(a.ID, b.ID) })
 	return out
-}
-
-func contains(sorted []string, id string) bool {
-	_, ok := slices.BinarySearch(sorted, id)
-	return ok
-}
-
-func insertSorted(ids []string, id string) []string {
-	i, ok := slices.BinarySearch(ids, id)
-	if ok {
-		return ids
-	}
-	return slices.Insert(ids, i, id)
 }

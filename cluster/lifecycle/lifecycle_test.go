@@ -220,19 +220,17 @@ func checkInvariants(t *testing.T, s State) {
 	case s.want.Relaying && !s.want.Ready:
 		t.Fatalf("%v: gossips relaying without ready", s.phase)
 	}
-	ring, targets, relay := s.Rings()
-	if slices.Contains(ring, s.cfg.Self) != r.InRing {
-		t.Fatalf("%v: ring %v, InRing %v", s.phase, ring, r.InRing)
+	rs := s.Rings()
+	if slices.Contains(rs.Ring, s.cfg.Self) != r.InRing {
+		t.Fatalf("%v: ring %v, InRing %v", s.phase, rs.Ring, r.InRing)
 	}
-	if r.Departing && slices.Contains(targets, s.cfg.Self) {
-		t.Fatalf("%v: departing node replicates to itself: %v", s.phase, targets)
+	if r.Departing && slices.Contains(rs.Targets, s.cfg.Self) {
+		t.Fatalf("%v: departing node replicates to itself: %v", s.phase, rs.Targets)
 	}
-	if r.Relay != RelayNone && slices.Contains(relay, s.cfg.Self) && !slices.Equal(relay, ring) {
-		// With nobody left to relay to it decides its keys (relay is
-		// ring); otherwise it must not be among where it relays.
-		t.Fatalf("%v: relays to itself: %v (ring %v)", s.phase, relay, ring)
+	if r.Relay != RelayNone && (slices.Contains(rs.Relay, s.cfg.Self) || slices.Contains(rs.Behind, s.cfg.Self)) {
+		t.Fatalf("%v: relays to itself: %+v", s.phase, rs)
 	}
-	for _, ids := range [][]string{ring, targets, relay} {
+	for _, ids := range [][]string{rs.Ring, rs.Targets, rs.Relay, rs.Behind, rs.Relaying} {
 		if !slices.IsSorted(ids) {
 			t.Fatalf("%v: ring not sorted: %v", s.phase, ids)
 		}
@@ -244,9 +242,8 @@ func TestJoinRelayEndsAfterItsEndIsGossiped(t *testing.T) {
 	if r := s.Route(); !r.Serve || !r.InRing || r.Relay != RelayOwn {
 		t.Fatalf("relaying route = %+v", r)
 	}
-	ring, _, relay := s.Rings()
-	if !slices.Equal(ring, []string{"a", "b"}) || !slices.Equal(relay, []string{"b"}) {
-		t.Fatalf("rings = %v relay %v, want [a b] relay [b]", ring, relay)
+	if rs := s.Rings(); !slices.Equal(rs.Ring, []string{"a", "b"}) || !slices.Equal(rs.Relay, []string{"b"}) {
+		t.Fatalf("rings = %+v, want [a b] relay [b]", rs)
 	}
 	s, acts := run(t, s, Event{Kind: RelayTimer, Gen: s.relayGen})
 	if s.Route().Relay != RelayOwn || len(acts) != 1 || acts[0].Flags != (Flags{Ready: true}) {
@@ -332,9 +329,8 @@ func TestDrainFromJoinRelayRelaysEverything(t *testing.T) {
 	if acts[1].Flags != (Flags{Ready: true, Draining: true}) {
 		t.Fatalf("announces %+v", acts[1].Flags)
 	}
-	_, targets, relay := s.Rings()
-	if !slices.Equal(targets, []string{"b"}) || !slices.Equal(relay, []string{"b"}) {
-		t.Fatalf("targets %v relay %v", targets, relay)
+	if rs := s.Rings(); !slices.Equal(rs.Targets, []string{"b"}) || !slices.Equal(rs.Relay, []string{"b"}) || rs.Behind != nil {
+		t.Fatalf("rings %+v", rs)
 	}
 }
 
@@ -361,23 +357,29 @@ func TestDrainPushesOnlyOnceGossiped(t *testing.T) {
 	}
 }
 
-func TestRelayRingFollowsSettledPeers(t *testing.T) {
+// A joining node relays its keys to where the peers that have not seen it
+// send them (the ring without it); a key that leads to a peer in its own
+// join relay goes where that peer relays it (the ring without the relaying
+// peers, Behind).
+func TestRelayRingsFollowPeers(t *testing.T) {
 	members := []Member{{ID: "b", Flags: Flags{Ready: true}}, {ID: "c", Flags: Flags{Ready: true}}}
 	s, _ := New(cfg, t0)
 	s, _ = run(t, s, Event{Kind: MembersChanged, Members: members}, Event{Kind: Joined})
 	s, _ = run(t, s, Event{Kind: Synced, Gen: s.syncGen})
-	// d joins and relays too; c starts to relay (it restarted): neither is
-	// where this node's keys are counted.
-	s, _ = run(t, s, Event{Kind: MembersChanged, Members: append(members[:1:1],
-		Member{ID: "c", Flags: Flags{Ready: true, Relaying: true}}, Member{ID: "d", Flags: Flags{Ready: true}})})
-	ring, _, relay := s.Rings()
-	if !slices.Equal(ring, []string{"a", "b", "c", "d"}) || !slices.Equal(relay, []string{"b"}) {
-		t.Fatalf("ring %v relay %v", ring, relay)
+	// d joins and relays too; e is not ready yet.
+	s, _ = run(t, s, Event{Kind: MembersChanged, Members: append(slices.Clone(members),
+		Member{ID: "d", Flags: Flags{Ready: true, Relaying: true}}, Member{ID: "e"})})
+	rs := s.Rings()
+	want := RingIDs{Ring: []string{"a", "b", "c", "d"}, Targets: []string{"a", "b", "c", "d"},
+		Relay: []string{"b", "c", "d"}, Behind: []string{"b", "c"}, Relaying: []string{"d"}}
+	if fmt.Sprint(rs) != fmt.Sprint(want) {
+		t.Fatalf("rings %+v, want %+v", rs, want)
 	}
-	// Every previous owner gone: it decides its keys itself.
-	s, _ = run(t, s, Event{Kind: MembersChanged, Members: []Member{{ID: "d", Flags: Flags{Ready: true}}}})
-	if ring, _, relay = s.Rings(); !slices.Equal(relay, ring) {
-		t.Fatalf("ring %v relay %v", ring, relay)
+	// d's relay ends, c drains (which also ends this node's relay).
+	s, _ = run(t, s, Event{Kind: MembersChanged, Members: []Member{members[0],
+		{ID: "c", Flags: Flags{Ready: true, Draining: true}}, {ID: "d", Flags: Flags{Ready: true}}}})
+	if rs := s.Rings(); s.Route().Relay != RelayNone || !slices.Equal(rs.Relay, rs.Ring) || rs.Behind != nil {
+		t.Fatalf("after the cut: %+v %+v", s.Route(), rs)
 	}
 }
 

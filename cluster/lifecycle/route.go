@@ -48,40 +48,64 @@ type Route struct {
 	Departing bool
 }
 
-// Rings returns the member IDs of the three rings the node routes by, each
-// sorted: ring, where keys are owned (the ready peers, and this node when
-// Route().InRing); targets, where this node's writes replicate (ring, less
-// this node while it departs); and relay, where relayed ops go (RelayAll:
-// targets; RelayOwn: the peers that were settled when the join relay began
-// and still are, or ring if none is; RelayNone: ring).
-func (s State) Rings() (ring, targets, relay []string) {
+// RingIDs are the members of the rings a node routes by, each sorted.
+type RingIDs struct {
+	// Ring owns keys: the ready peers, and this node when Route().InRing.
+	Ring []string
+	// Targets is where this node's writes replicate: Ring, less this node
+	// while it departs.
+	Targets []string
+	// Relay is where relayed ops go. RelayAll: Targets. RelayOwn: Ring
+	// less this node, where the peers that have not seen it ready yet send
+	// its keys (their previous owners). RelayNone: Ring.
+	Relay []string
+	// Behind (RelayOwn only) is Relay less the peers in their own join
+	// relay (Relaying): a key whose owner on Relay is such a peer goes
+	// where that peer relays it, its owner on Behind. Empty when that
+	// leaves nobody.
+	Behind []string
+	// Relaying are the ready peers in their own join relay.
+	Relaying []string
+}
+
+// Rings returns the rings the state routes by.
+func (s State) Rings() RingIDs {
+	var r RingIDs
 	for _, m := range s.members {
 		if m.Ready {
-			ring = append(ring, m.ID)
-		}
-	}
-	others := ring
-	if s.route.InRing {
-		ring = insertSorted(slices.Clone(ring), s.cfg.Self)
-	}
-	targets = ring
-	if s.route.Departing {
-		targets = others
-	}
-	relay = ring
-	switch s.route.Relay {
-	case RelayAll:
-		relay = targets
-	case RelayOwn:
-		var still []string
-		for _, m := range s.members {
-			if m.settled() && contains(s.relayTo, m.ID) {
-				still = append(still, m.ID)
+			r.Ring = append(r.Ring, m.ID)
+			if m.Relaying {
+				r.Relaying = append(r.Relaying, m.ID)
+			} else {
+				r.Behind = append(r.Behind, m.ID)
 			}
 		}
-		if len(still) > 0 {
-			relay = still
-		}
 	}
-	return ring, targets, relay
+	others := r.Ring
+	if s.route.InRing {
+		r.Ring = insertSorted(slices.Clone(r.Ring), s.cfg.Self)
+	}
+	r.Targets = r.Ring
+	if s.route.Departing {
+		r.Targets = others
+	}
+	r.Relay = r.Ring
+	switch s.route.Relay {
+	case RelayAll:
+		r.Relay = r.Targets
+	case RelayOwn:
+		r.Relay = others
+	}
+	if s.route.Relay != RelayOwn {
+		r.Behind = nil
+	}
+	return r
+}
+
+func insertSorted(ids []string, id string) []string {
+	i, ok := slices.BinarySearch(ids, id)
+	if ok {
+		return ids
+	}
+	return slices.Insert(ids, i, id)
 }
