@@ -51,16 +51,27 @@ func (n *Node) Drain(ctx context.Context) error {
 }
 
 // drainCtx is the context the drain's steps run under: the first Drain's,
-// or a few seconds' when the node leaves without one (it refused to serve).
+// or selfDrainTimeout when the node leaves on its own (another process
+// holds its identity); either ends when the node closes.
 func (n *Node) drainCtx() (context.Context, context.CancelFunc) {
 	n.mu.Lock()
 	d := n.drain
 	n.mu.Unlock()
+	var (
+		ctx    context.Context
+		cancel context.CancelFunc
+	)
 	if d != nil {
-		return context.WithCancel(d.ctx)
+		ctx, cancel = context.WithCancel(d.ctx)
+	} else {
+		ctx, cancel = context.WithTimeout(context.Background(), selfDrainTimeout)
 	}
-	return context.WithTimeout(n.ctx, 2*time.Second)
+	stop := context.AfterFunc(n.ctx, cancel)
+	return ctx, func() { stop(); cancel() }
 }
+
+// selfDrainTimeout bounds a drain no caller asked for.
+const selfDrainTimeout = 10 * time.Second
 
 // drainErr records a failed step of the drain.
 func (n *Node) drainErr(err error) {

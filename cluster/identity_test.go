@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"testing"
@@ -77,4 +78,43 @@ func TestNodeRestartedIdentityComesBack(t *testing.T) {
 			})
 		})
 	}
+}
+
+// Two processes started together under one name, each through another
+// seed, may both go ready before either hears of the other: once they do,
+// the older yields (it drains, so its counts reach their holders, and
+// fails), and the key is counted on one counter from then on.
+func TestNodeDuplicatesStartingTogether(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newSimCluster(t)
+		c.cluster([]string{"a", "b"}, nil)
+		x1 := c.startAt("h1", "x", []string{"a"}, nil)
+		x2 := c.startAt("h2", "x", []string{"b"}, nil)
+		var failed, kept *nodeTestNode
+		select {
+		case <-x1.node.Fatal():
+			failed, kept = x1, x2
+		case <-x2.node.Fatal():
+			failed, kept = x2, x1
+		case <-time.After(time.Minute):
+			t.Fatal("neither of two live processes named x refused within a minute")
+		}
+		testkit.WaitFor(t, quick, "the other to stay ready", func() bool { return kept.node.Ready() && !failed.node.Ready() })
+		select {
+		case err := <-kept.node.Fatal():
+			t.Fatalf("both refused; the second: %v", err)
+		default:
+		}
+		key := ""
+		for i := 0; key == ""; i++ {
+			if k := fmt.Sprintf("dup-%d", i); nodeSuccessors(kept, k, 1)[0] == "x" {
+				key = k
+			}
+		}
+		for i := range 4 {
+			if r := nodeHit(t, kept, key, 1); r.Count != uint64(i+1) {
+				t.Fatalf("hit %d: count %d", i+1, r.Count)
+			}
+		}
+	})
 }

@@ -23,36 +23,53 @@ func (n *Node) pauseLoop() {
 		case <-t.C():
 		}
 		now := n.clock.Now().Sub(n.start)
-		if gap := now - time.Duration(n.lastTick.Swap(int64(now))); gap > n.timing.PauseThreshold {
-			n.paused(gap)
+		prev := n.lastTick.Load()
+		if gap := now - time.Duration(prev); gap > n.timing.PauseThreshold {
+			n.refuse()
+			if n.lastTick.CompareAndSwap(prev, int64(now)) {
+				n.paused(gap)
+			}
+			continue
 		}
+		n.lastTick.CompareAndSwap(prev, int64(now))
 	}
 }
 
 // stalled reports a pause the ticker has not noticed yet: a Decide batch
-// read right after a thaw can run before the ticker's goroutine does.
-// Whoever sees the gap first reports it, once.
+// read right after a thaw can run before the ticker's goroutine does. Every
+// goroutine that sees the gap refuses from that moment (refuse, before the
+// tick moves on, so that none sees the tick moved and the refusal not yet
+// made); the first to move the tick reports it, once.
 func (n *Node) stalled() bool {
 	if n.timing.PauseThreshold <= 0 {
 		return false
 	}
 	prev := n.lastTick.Load()
 	now := int64(n.clock.Now().Sub(n.start))
-	if gap := time.Duration(now - prev); gap > n.timing.PauseThreshold && n.lastTick.CompareAndSwap(prev, now) {
-		n.paused(gap)
+	if gap := time.Duration(now - prev); gap > n.timing.PauseThreshold {
+		n.refuse()
+		if n.lastTick.CompareAndSwap(prev, now) {
+			n.paused(gap)
+		}
 		return true
 	}
 	return false
 }
 
-// paused counts a pause, which makes the node refuse Decide at once, and
-// hands it to the lifecycle.
-func (n *Node) paused(gap time.Duration) {
-	n.metrics.pauses.Inc()
+// refuse makes the node refuse Decide until the lifecycle has stepped a
+// pause (Serving compares pauses with pausesSeen), and wakes the lifecycle.
+// A refusal counted after the lifecycle read the count costs one more
+// re-sync, never a lost one.
+func (n *Node) refuse() {
 	n.pauses.Add(1)
-	n.log.Warn("cluster: this process was paused; re-syncing counters before answering again", "gap", gap)
 	select {
 	case n.pauseKick <- struct{}{}:
 	default:
 	}
+}
+
+// paused reports a pause once: the metric and the log line.
+func (n *Node) paused(gap time.Duration) {
+	n.metrics.pauses.Inc()
+	n.log.Warn("cluster: this process was paused; re-syncing counters before answering again", "gap", gap)
 }

@@ -2,6 +2,7 @@ package cluster
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -115,6 +116,7 @@ func TestNodePauseWhileSyncingSyncsAgain(t *testing.T) {
 		if p := b.node.Status().Phase; p != lifecycle.Syncing {
 			t.Fatalf("b is %v after its first pull, want syncing", p)
 		}
+		b.node.refuse()
 		b.node.paused(5 * time.Second)
 		release()
 		nodeWaitRing(t, []*nodeTestNode{a, b}, []*nodeTestNode{a, b})
@@ -157,6 +159,56 @@ func TestNodeRestoresBeforeReady(t *testing.T) {
 		nodeWaitRing(t, []*nodeTestNode{a, b}, []*nodeTestNode{a, b})
 		if got := nodeCount(b, "restored"); got != 9 {
 			t.Fatalf("b holds %d, want its restored 9 (the larger of 9 and a's 5)", got)
+		}
+	})
+}
+
+// A node's own Envoys' calls, read right after a thaw before the pause
+// detector ticks, are not decided from its stale counters either: its keys
+// go to their next holder until it has re-synced.
+func TestNodeApplyRightAfterThawUsesHolder(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newSimCluster(t)
+		nodes := c.cluster([]string{"a", "b"}, func(cfg *NodeConfig) { cfg.Timing.PauseThreshold = time.Minute })
+		a, b := nodes[0], nodes[1]
+		key := ""
+		for i := 0; key == ""; i++ {
+			if k := fmt.Sprintf("thaw-own-%d", i); nodeSuccessors(a, k, 1)[0] == "a" {
+				key = k
+			}
+		}
+		nodeHit(t, a, key, 6)
+		testkit.WaitFor(t, quick, "b's copy", func() bool { return nodeCount(b, key) == 6 })
+		a.clock.Freeze()
+		time.Sleep(2 * time.Minute)
+		now := time.Now().UnixNano()
+		st, _ := b.store.Get(now, []byte(key))
+		st.Count = 40 // b took the key over meanwhile and counted on
+		b.store.Merge(now, []byte(key), st)
+		if r := nodeHit(t, a, key, 1); r.Count != 41 {
+			t.Fatalf("a's first call after the thaw: count %d, want 41 (b's count, not a's stale 6)", r.Count)
+		}
+		a.clock.Thaw()
+	})
+}
+
+// A pause while a node drains: it stops deciding (its counters may be
+// stale) and sends its keys to their new owners, while its push goes on.
+func TestNodePauseWhileDrainingStopsDeciding(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newSimCluster(t)
+		a := c.cluster([]string{"a", "b"}, nil)[0]
+		a.holdLeave.Store(true)
+		go a.node.Drain(context.Background()) // returns when the node closes
+		testkit.WaitFor(t, quick, "a draining", func() bool { return a.node.Status().Phase >= lifecycle.Draining })
+		a.node.refuse()
+		a.node.paused(5 * time.Second)
+		testkit.WaitFor(t, quick, "the pause stepped", func() bool { return a.node.pausesSeen.Load() == a.node.pauses.Load() })
+		if (*policy)(a.node).Serving() {
+			t.Fatal("a draining node serves again after a pause, without re-syncing")
+		}
+		if st := a.node.Status(); st.Route.Relay != lifecycle.RelayAll {
+			t.Fatalf("route %+v, want every op relayed to the new owners", st.Route)
 		}
 	})
 }

@@ -33,8 +33,9 @@ func (n *Node) post(ev event) {
 func (n *Node) run(st lifecycle.State, first []lifecycle.Action) {
 	defer n.wg.Done()
 	var (
-		alive []membership.Member // the membership's last view
-		relay interface{ Stop() bool }
+		alive   []membership.Member // the membership's last view
+		relay   interface{ Stop() bool }
+		checked string // the other process with this identity last checked
 	)
 	defer func() {
 		if relay != nil {
@@ -100,6 +101,17 @@ func (n *Node) run(st lifecycle.State, first []lifecycle.Action) {
 				n.fail()
 			case lifecycle.Load:
 				n.work(n.load)
+			}
+		}
+		if ev.Kind == lifecycle.MembersChanged && (after == lifecycle.Relaying || after == lifecycle.Serving) {
+			// Alive names one process per identity: when it names another
+			// one for this node's, that one may be live (two started
+			// together): check, once per process.
+			for _, m := range alive {
+				if m.ID == n.self && m.Name != n.m.Self().Name && m.Name != checked {
+					checked = m.Name
+					n.checkIdentity()
+				}
 			}
 		}
 		if v := n.view.Load(); v.phase != after {

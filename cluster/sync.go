@@ -43,7 +43,7 @@ func (n *Node) syncWorker(gen uint64, why string) {
 	}
 	n.awaitView(time.Second)
 	kind := lifecycle.Synced
-	if err := n.identityConflict(n.ctx); err != nil {
+	if err := n.identityConflict(n.ctx, false); err != nil {
 		n.mu.Lock()
 		n.conflict = err
 		n.mu.Unlock()
@@ -100,21 +100,24 @@ func (n *Node) awaitView(d time.Duration) {
 const identityProbeTimeout = 500 * time.Millisecond
 
 // identityConflict returns an error naming the other live process that
-// holds this node's identity, if one does: one that is ready, or that
-// started before this one (of two starting together, the later refuses).
-// A process announced at this node's own gRPC address is its predecessor
-// on the same host, which is gone (this process holds the port); one that
-// does not answer is gone too (a crashed pod not yet declared dead), so a
-// pod restarted under its old name comes back at once.
-func (n *Node) identityConflict(ctx context.Context) error {
+// holds this node's identity and counts over this one, if one does. Before
+// this node is ready: one that is ready, or that started before it (of two
+// starting together, the later refuses). Once it is ready: one that is
+// ready too and started after it (two that went ready together, each before
+// it heard of the other; the membership counts the newer, so the older
+// yields). A process announced at this node's own gRPC address is its
+// predecessor on the same host, which is gone (this process holds the
+// port); one that does not answer is gone too (a crashed pod not yet
+// declared dead), so a pod restarted under its old name comes back at once.
+func (n *Node) identityConflict(ctx context.Context, ready bool) error {
 	self := n.m.Self()
 	for _, m := range n.m.All() {
 		if m.ID != n.self || m.Name == self.Name || m.State != membership.MemberAlive || m.GRPCAddr == self.GRPCAddr {
 			continue
 		}
 		older := m.Started < self.Started || (m.Started == self.Started && m.Name < self.Name)
-		if !m.Ready && !older {
-			continue // it will refuse, not this one
+		if counts := (!ready && (m.Ready || older)) || (ready && m.Ready && !older); !counts {
+			continue
 		}
 		if n.answers(ctx, m.GRPCAddr) {
 			return fmt.Errorf("cluster: node name %q is held by another live member at %s (gossip %s): give every node its own --node-name", n.self, m.GRPCAddr, m.Addr)
@@ -135,6 +138,22 @@ func (n *Node) answers(ctx context.Context, addr string) bool {
 	defer cancel()
 	_, err = peerpb.NewPeerClient(conn).Ping(ctx, &peerpb.PingRequest{From: n.self})
 	return err == nil || status.Code(err) == codes.FailedPrecondition
+}
+
+// checkIdentity runs identityConflict for a ready node, in a worker, when
+// the membership shows another process under its identity, and reports a
+// conflict to the lifecycle (which drains the node and fails it).
+func (n *Node) checkIdentity() {
+	n.work(func() {
+		err := n.identityConflict(n.ctx, true)
+		if err == nil {
+			return
+		}
+		n.mu.Lock()
+		n.conflict = err
+		n.mu.Unlock()
+		n.post(event{Event: lifecycle.Event{Kind: lifecycle.Conflict}})
+	})
 }
 
 // fail carries out lifecycle.Fail: the process must stop (Fatal).

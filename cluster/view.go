@@ -85,7 +85,7 @@ type policy Node
 // was detected that the lifecycle has not stepped yet (see stalled).
 func (p *policy) Serving() bool {
 	n := (*Node)(p)
-	return n.view.Load().route.Serve && n.pauses.Load() == n.pausesSeen.Load() && !n.stalled()
+	return !n.stalled() && n.view.Load().route.Serve && n.pauses.Load() == n.pausesSeen.Load()
 }
 
 // Relaying reports whether the node relays the batches it is sent.

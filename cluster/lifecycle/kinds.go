@@ -72,7 +72,8 @@ const (
 	Pushed
 	// LeaveDone: the leave has been announced.
 	LeaveDone
-	// Conflict: another live process holds this node's identity.
+	// Conflict: another live process holds this node's identity (before
+	// the node is ready: Event.Gen is the sync that found it).
 	Conflict
 	// Loaded: the counters saved on disk are restored (or could not be).
 	Loaded
@@ -119,7 +120,7 @@ const (
 	// LeaveDone.
 	Leave
 	// Fail: the node must not serve (Conflict): stop the process with an
-	// error.
+	// error. It comes once the node has left.
 	Fail
 	// Load: restore the counters saved on disk into the store, then
 	// report Loaded.

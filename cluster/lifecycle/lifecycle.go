@@ -50,6 +50,7 @@ type State struct {
 	ending   bool   // the relay's end is being gossiped
 	pushing  bool   // the drain's push has started
 	joined   bool   // Loading: the membership has joined meanwhile
+	failing  bool   // drains because another live process holds its identity
 }
 
 // New returns the state of a node that has just started and what to do
@@ -149,6 +150,8 @@ func Step(s State, ev Event, now time.Time) (State, []Action) {
 			return s.resync(now)
 		case DrainRequested:
 			return s.drain(now)
+		case Conflict:
+			return s.yield(now)
 		}
 	case Serving:
 		switch ev.Kind {
@@ -162,9 +165,17 @@ func Step(s State, ev Event, now time.Time) (State, []Action) {
 			return s.resync(now)
 		case DrainRequested:
 			return s.drain(now)
+		case Conflict:
+			return s.yield(now)
 		}
 	case Draining:
 		switch ev.Kind {
+		case Paused:
+			// Its counters may be stale now: the new owners decide its
+			// keys from here on, from their copies; the push goes on
+			// (merging keeps the larger count).
+			s.route.Serve, s.route.Relay = false, RelayAll
+			return s, append(acts, Action{Kind: Forgive}, Action{Kind: Publish})
 		case Announced:
 			if !s.pushing && ev.Flags == s.want {
 				s.pushing = true
@@ -178,8 +189,15 @@ func Step(s State, ev Event, now time.Time) (State, []Action) {
 			return s, append(acts, Action{Kind: Publish}, Action{Kind: Leave})
 		}
 	case Leaving:
-		if ev.Kind == LeaveDone {
+		switch ev.Kind {
+		case Paused:
+			s.route.Serve = false
+			return s, append(acts, Action{Kind: Forgive}, Action{Kind: Publish})
+		case LeaveDone:
 			s.phase, s.since = Left, now
+			if s.failing {
+				acts = append(acts, Action{Kind: Fail})
+			}
 		}
 	}
 	return s, acts
@@ -250,6 +268,15 @@ func (s State) drain(now time.Time) (State, []Action) {
 	w := s.want
 	w.Relaying, w.Draining = false, true
 	return s, s.announce(w, []Action{{Kind: Publish}})
+}
+
+// yield stops a ready node that found its identity held by another live
+// process that counts over it (two started together, each seeing the other
+// only once both were ready): it drains as on SIGTERM, so that its counts
+// reach the keys' holders, then fails.
+func (s State) yield(now time.Time) (State, []Action) {
+	s.failing = true
+	return s.drain(now)
 }
 
 // refuse stops a node that found its identity held by another live

@@ -132,13 +132,13 @@ func TestStepTable(t *testing.T) {
 		Relaying: {
 			MembersChanged: same(Relaying, pub), Joined: same(Relaying), Synced: same(Relaying),
 			Paused: resync, RelayTimer: same(Relaying, ann), Announced: same(Relaying),
-			DrainRequested: drain, Pushed: same(Relaying), LeaveDone: same(Relaying), Conflict: same(Relaying),
+			DrainRequested: drain, Pushed: same(Relaying), LeaveDone: same(Relaying), Conflict: drain,
 			Loaded: same(Relaying),
 		},
 		Serving: {
 			MembersChanged: same(Serving, pub), Joined: same(Serving), Synced: same(Serving),
 			Paused: resync, RelayTimer: same(Serving), Announced: same(Serving),
-			DrainRequested: drain, Pushed: same(Serving), LeaveDone: same(Serving), Conflict: same(Serving),
+			DrainRequested: drain, Pushed: same(Serving), LeaveDone: same(Serving), Conflict: drain,
 			Loaded: same(Serving),
 		},
 		Resyncing: {
@@ -149,13 +149,13 @@ func TestStepTable(t *testing.T) {
 		},
 		Draining: {
 			MembersChanged: same(Draining, pub), Joined: same(Draining), Synced: same(Draining),
-			Paused: same(Draining), RelayTimer: same(Draining), Announced: same(Draining, psh),
+			Paused: same(Draining, fgv, pub), RelayTimer: same(Draining), Announced: same(Draining, psh),
 			DrainRequested: same(Draining), Pushed: same(Leaving, pub, lv), LeaveDone: same(Draining), Conflict: same(Draining),
 			Loaded: same(Draining),
 		},
 		Leaving: {
 			MembersChanged: same(Leaving, pub), Joined: same(Leaving), Synced: same(Leaving),
-			Paused: same(Leaving), RelayTimer: same(Leaving), Announced: same(Leaving),
+			Paused: same(Leaving, fgv, pub), RelayTimer: same(Leaving), Announced: same(Leaving),
 			DrainRequested: same(Leaving), Pushed: same(Leaving), LeaveDone: same(Left), Conflict: same(Leaving),
 			Loaded: same(Leaving),
 		},
@@ -205,7 +205,8 @@ func checkInvariants(t *testing.T, s State) {
 	t.Helper()
 	r := s.route
 	switch {
-	case r.InRing && !r.Serve:
+	case r.InRing && !r.Serve && r.Relay != RelayAll:
+		// A node that relays every op decides none: it may refuse.
 		t.Fatalf("%v: in its own ring but refusing Decide: %+v", s.phase, r)
 	case r.Relay == RelayOwn && (s.phase != Relaying || !r.InRing):
 		t.Fatalf("%v: relays its own keys outside a join relay: %+v", s.phase, r)
@@ -415,6 +416,35 @@ func TestLoadThenSync(t *testing.T) {
 	}
 	if s, acts := New(cfg, t0); s.phase != Joining || len(acts) != 0 {
 		t.Fatalf("without Load: %v %v", s.phase, kinds(acts))
+	}
+}
+
+// A ready node that finds another live process with its identity counting
+// over it drains, so its counts reach their holders, and fails once it has
+// left.
+func TestConflictWhileServingDrainsThenFails(t *testing.T) {
+	s := inPhase(t, Serving)
+	s, acts := run(t, s, Event{Kind: Conflict})
+	if s.phase != Draining || !slices.Equal(kinds(acts), []string{"publish", "announce"}) {
+		t.Fatalf("%v %v", s.phase, kinds(acts))
+	}
+	s, _ = run(t, s, current(s, Announced), Event{Kind: Pushed})
+	s, acts = run(t, s, Event{Kind: LeaveDone})
+	if s.phase != Left || !slices.Equal(kinds(acts), []string{"fail"}) {
+		t.Fatalf("%v %v", s.phase, kinds(acts))
+	}
+}
+
+// A pause while draining: the node's counters may be stale, so it stops
+// deciding (its keys go to their new owners) while its push goes on.
+func TestPauseWhileDrainingStopsDeciding(t *testing.T) {
+	s := inPhase(t, Draining)
+	s, _ = run(t, s, Event{Kind: Paused})
+	if r := s.Route(); r.Serve || r.Relay != RelayAll || s.phase != Draining {
+		t.Fatalf("%v %+v", s.phase, r)
+	}
+	if _, acts := run(t, s, current(s, Announced)); !slices.Equal(kinds(acts), []string{"push-all"}) {
+		t.Fatalf("the push does not go on: %v", kinds(acts))
 	}
 }
 

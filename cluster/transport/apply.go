@@ -45,11 +45,24 @@ func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, resul
 	for i := range ops {
 		op := &ops[i]
 		id, _, self := f.owners.Owner(op.Key)
+		var p *peerClient
 		if self || id == f.self {
-			results[i] = f.local.Apply(now, op)
-			continue
-		}
-		if f.ac != nil {
+			if f.serving() {
+				results[i] = f.local.Apply(now, op)
+				continue
+			}
+			// This node refuses Decide (it found it was frozen): its
+			// count may be stale, and the key's next holder decides it,
+			// as for a suspect owner; with nobody else, this node does.
+			if peers == nil {
+				peers = *f.peers.Load()
+			}
+			if p, _ = f.reroute(op.Key, peers); p == nil {
+				results[i] = f.local.Apply(now, op)
+				continue
+			}
+			f.m.rerouted.Inc()
+		} else if f.ac != nil {
 			if r, over := f.ac.OverUntil(now, op); over {
 				results[i] = r
 				f.m.overLocal.Inc()
@@ -59,7 +72,9 @@ func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, resul
 		if peers == nil {
 			peers = *f.peers.Load()
 		}
-		p := peers[id]
+		if p == nil {
+			p = peers[id]
+		}
 		if p == nil || p.suspect.Load() {
 			q, toSelf := f.reroute(op.Key, peers)
 			switch {
