@@ -342,7 +342,7 @@ if [ "$MICRO" != 0 ]; then
 	echo "Go micro-benchmarks (-count $COUNT -benchtime $BENCHTIME), benchstat-ready in $OUT/micro.txt"
 	set +e
 	"$GO" test -run '^$' -bench . -benchmem -count "$COUNT" -benchtime "$BENCHTIME" \
-		./bucket/ ./rls/ ./ring/ ./cluster/ >"$OUT/micro.txt" 2>&1
+		./bucket/ ./rls/ ./ring/ ./cluster/transport/ >"$OUT/micro.txt" 2>&1
 	rc=$?
 	set -e
 	# One line per benchmark: its median run by ns/op.
