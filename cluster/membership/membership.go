@@ -34,6 +34,7 @@ type Membership struct {
 	logger   *slog.Logger
 	onChange func(alive []Member)
 	ml       *memberlist.Memberlist
+	keyring  *memberlist.Keyring // gossip keys; nil when unencrypted
 
 	meta atomic.Pointer[[]byte] // current NodeMeta payload
 
@@ -97,6 +98,7 @@ func New(cfg Config, onChange func(alive []Member)) (*Membership, error) {
 		clock:    cfg.Clock,
 		logger:   logger,
 		onChange: onChange,
+		keyring:  mlc.Keyring,
 		nodes:    make(map[string]*row),
 		badMeta:  make(map[string]struct{}),
 		changed:  make(chan struct{}, 1),
