@@ -1,7 +1,8 @@
 // Package membership owns how ringlimit processes find each other: gossip
 // on hashicorp/memberlist, the metadata each process gossips about itself
 // (its stable ID, gRPC address, start time and lifecycle flags), the member
-// table built from it, and joining, re-joining and leaving the cluster. It
+// table built from it, joining, re-joining and leaving the cluster, and the
+// keyring that encrypts gossip (replaced on a live node by SetKeys). It
 // imports nothing else from ringlimit but package clock, the time it is
 // given. A Membership is safe for concurrent use.
 package membership
