@@ -27,8 +27,8 @@ func (n *Node) Status() Status {
 }
 
 // DebugHandler serves /debug/cluster: this node and its lifecycle phase,
-// every member with its state and addresses, and how many ring partitions
-// each owns.
+// the fingerprints of its gossip keys (primary first), every member with
+// its state and addresses, and how many ring partitions each owns.
 func (n *Node) DebugHandler() http.Handler {
 	type member struct {
 		membership.Member
@@ -66,11 +66,12 @@ func (n *Node) DebugHandler() http.Handler {
 			Draining   bool              `json:"draining,omitempty"`
 			Relaying   bool              `json:"relaying,omitempty"`
 			Replicas   int               `json:"replicas"`
+			GossipKeys []string          `json:"gossip_keys,omitempty"`
 			Ring       []string          `json:"ring"`
 			RingBuilt  string            `json:"ring_built"`
 			Members    []member          `json:"members"`
 		}{n.m.Self(), n.m.Joined(), v.phase.String(), v.since.UTC().Format(time.RFC3339Nano), n.Ready(), v.route.Serve,
-			v.route.Departing, v.route.Relay != lifecycle.RelayNone, n.replicas, v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
+			v.route.Departing, v.route.Relay != lifecycle.RelayNone, n.replicas, n.m.KeyFingerprints(), v.ring.Members(), v.built.UTC().Format(time.RFC3339Nano), ms}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -20,12 +20,14 @@ const (
 	watchMaxDelay = time.Second
 )
 
-// Watcher reloads a config file or directory when it changes. It owns one
+// Watcher reloads a config file or directory when it changes (NewWatcher),
+// or calls a function when a file changes (NewFileWatcher). It owns one
 // goroutine, stopped and joined by Close.
 type Watcher struct {
 	path    string
 	opt     LoadOptions
 	onLoad  func(*Config)
+	changed func() // NewFileWatcher's callback; nil for a config
 	onError func(error)
 	fsw     *fsnotify.Watcher
 	filter  func(name string) bool // relevant event base names in dir
@@ -67,6 +69,25 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 	if onLoad == nil || onError == nil {
 		return nil, errors.New("rls: watcher needs both onLoad and onError")
 	}
+	return newWatcher(&Watcher{path: path, opt: opt, onLoad: onLoad, onError: onError})
+}
+
+// NewFileWatcher watches the file at path as NewWatcher watches a config
+// file (its directory, a Kubernetes "..data" swap, the symlinks on the way)
+// and calls changed after each burst of changes, for other files the
+// process reads (a key, say) to be read again. onError receives the
+// watch's own errors. The callbacks run on the Watcher's goroutine, one at
+// a time; they must not call Close. Both must be non-nil.
+func NewFileWatcher(path string, changed func(), onError func(error)) (*Watcher, error) {
+	if changed == nil || onError == nil {
+		return nil, errors.New("rls: file watcher needs both changed and onError")
+	}
+	return newWatcher(&Watcher{path: path, changed: changed, onError: onError})
+}
+
+// newWatcher starts w, which has its path and callbacks set.
+func newWatcher(w *Watcher) (*Watcher, error) {
+	path := w.path
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("rls: watch: %w", err)
@@ -85,11 +106,8 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 		fsw.Close()
 		return nil, fmt.Errorf("rls: watch: %w", err)
 	}
-	w := &Watcher{
-		path: path, opt: opt, onLoad: onLoad, onError: onError,
-		fsw: fsw, filter: filter, dir: filepath.Clean(dir),
-		done: make(chan struct{}), exited: make(chan struct{}),
-	}
+	w.fsw, w.filter, w.dir = fsw, filter, filepath.Clean(dir)
+	w.done, w.exited = make(chan struct{}), make(chan struct{})
 	w.target, _ = filepath.EvalSymlinks(dir)
 	w.watchLinks()
 	go w.run()
@@ -209,6 +227,10 @@ func (w *Watcher) run() {
 		case <-timer.C:
 			pending = false
 			w.follow()
+			if w.changed != nil {
+				w.changed()
+				continue
+			}
 			cfg, err := Load(w.path, w.opt)
 			select {
 			case <-w.done:

@@ -348,3 +348,69 @@ func TestNewWatcherErrors(t *testing.T) {
 		t.Errorf("missing path: %v", err)
 	}
 }
+
+// TestFileWatcher watches a file in a Kubernetes Secret mount (the kubelet
+// swaps ..data, removing the old directory) and then one rewritten in
+// place: each change calls changed, after which the file reads as written.
+func TestFileWatcher(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	swap := watchConfigMapSwapper(t, dir, "", true)
+	swap("key-1")
+	path := filepath.Join(dir, "ratelimit.yaml")
+	cfgSymlink(t, "..data/ratelimit.yaml", path)
+	var mu sync.Mutex
+	var seen []string
+	w, err := NewFileWatcher(path, func() {
+		b, _ := os.ReadFile(path)
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, string(b))
+	}, func(err error) { t.Errorf("watch error: %v", err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	read := func(want string) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(seen) > 0 && seen[len(seen)-1] == want
+		}
+	}
+	for _, k := range []string{"key-2", "key-3"} {
+		swap(k)
+		watchWaitFor(t, "a call after the swap to "+k, read(k))
+	}
+
+	plain := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(plain, []byte("a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	changed := make(chan struct{}, 1)
+	w2, err := NewFileWatcher(plain, func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}, func(err error) { t.Errorf("watch error: %v", err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	if err := os.WriteFile(plain, []byte("b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no call within 10s of rewriting the file in place")
+	}
+
+	if _, err := NewFileWatcher(plain, nil, func(error) {}); err == nil {
+		t.Error("nil changed accepted")
+	}
+	if _, err := NewFileWatcher(plain, func() {}, nil); err == nil {
+		t.Error("nil onError accepted")
+	}
+}

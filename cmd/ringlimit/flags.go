@@ -212,7 +212,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
 	str(&c.AdvertiseAddr, "advertise-addr", "", "IP or IP:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
-	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
+	str(&c.GossipKeyFile, "gossip-key-file", "", "file of base64 AES keys (16, 24 or 32 bytes), one per line: the first encrypts gossip, all decrypt it; reloaded on change, so keys rotate without a restart", nil)
 	str(&c.ClusterName, "cluster-name", "ringlimit", "label on every gossip message: nodes with another cluster name ignore each other (give each ringlimit cluster that can reach another its own)", nil)
 	str(&c.PeerTLSCert, "peer-tls-cert", "", "PEM certificate this node presents to peers (with --peer-tls-key and --peer-tls-ca: peer RPCs need mTLS; reloaded on change)", nil)
 	str(&c.PeerTLSKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert", nil)
