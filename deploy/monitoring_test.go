@@ -171,6 +171,15 @@ func TestAlertRules(t *testing.T) {
 			}
 		}
 	}
+	dep, err := os.ReadFile(filepath.Join(repoRoot, "docs/deployment.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, a := range sortedKeys(alerts) {
+		if !strings.Contains(string(dep), "| `"+a+"` |") {
+			t.Errorf("docs/deployment.md's table of alerts does not list %s", a)
+		}
+	}
 	for a := range anchors {
 		if strings.HasPrefix(a, "ringlimit") && !alerts[alertNamed(a, alerts)] {
 			t.Errorf("docs/runbook.md has an entry %q for no alert", a)
