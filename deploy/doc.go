@@ -1,6 +1,7 @@
 // Package deploy holds ringlimit's deployment kit, as files a platform team
 // applies: Kubernetes manifests (kubernetes/, a kustomize base, an example
-// overlay and an optional ServiceMonitor component), a standalone Envoy
+// overlay and an optional monitoring component), the Grafana dashboard and
+// alerting rules (monitoring/), a standalone Envoy
 // bootstrap (envoy/), Istio EnvoyFilters (istio/), an Emissary
 // RateLimitService (emissary/) and a Contour ExtensionService (contour/).
 //

@@ -89,11 +89,13 @@ func TestStrictDecoderRejects(t *testing.T) {
 }
 
 // TestKustomizationsListEveryFile: each kustomization lists every YAML file
-// beside it (and nothing that does not exist); under kubernetes/ the only
-// YAML outside a kustomization is the Secret example, which must stay out.
+// beside it (and nothing that does not exist), but for the monitoring
+// files that are not Kubernetes objects; under kubernetes/ the only YAML
+// outside a kustomization is the Secret example, which must stay out.
 func TestKustomizationsListEveryFile(t *testing.T) {
+	notObjects := map[string]bool{filepath.Clean(dashboardFile): true, filepath.Clean(rulesFile): true}
 	dirs := map[string]bool{}
-	for _, f := range append(yamlFiles(t, kubeDir), yamlFiles(t, istioDir)...) {
+	for _, f := range slices.Concat(yamlFiles(t, kubeDir), yamlFiles(t, istioDir), yamlFiles(t, monitoringDir)) {
 		if filepath.Base(f) == "kustomization.yaml" {
 			dirs[filepath.Dir(f)] = true
 		}
@@ -147,7 +149,7 @@ func TestKustomizationsListEveryFile(t *testing.T) {
 		}
 		for _, e := range entries {
 			p := filepath.Join(dir, e.Name())
-			if e.IsDir() || e.Name() == "kustomization.yaml" {
+			if e.IsDir() || e.Name() == "kustomization.yaml" || notObjects[p] {
 				continue
 			}
 			if !isYAML(e.Name()) {
@@ -160,7 +162,7 @@ func TestKustomizationsListEveryFile(t *testing.T) {
 		}
 	}
 	// Every kustomization is an entry point the docs name or is used by one.
-	roots := map[string]bool{filepath.Clean(overlayDir): true, filepath.Clean(istioDir): true, filepath.Clean(baseDir): true}
+	roots := map[string]bool{filepath.Clean(overlayDir): true, filepath.Clean(monOverlayDir): true, filepath.Clean(istioDir): true, filepath.Clean(baseDir): true}
 	for dir := range dirs {
 		if !roots[dir] && !referenced[dir] {
 			t.Errorf("%s: kustomization not used by any other", dir)
@@ -183,7 +185,7 @@ func TestRenderMatchesKubectl(t *testing.T) {
 	if err != nil {
 		t.Skip("kubectl not installed: the test renderer is not compared with kustomize")
 	}
-	for _, dir := range []string{baseDir, overlayDir, istioDir} {
+	for _, dir := range []string{baseDir, overlayDir, monOverlayDir, istioDir} {
 		t.Run(dir, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -225,6 +227,32 @@ func TestRenderMatchesKubectl(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestExampleRunsOnABareCluster: the example overlay needs no CRDs and
+// schedules three pods on a small test cluster; the monitoring overlay is
+// the same objects plus the ServiceMonitor and the PrometheusRule.
+func TestExampleRunsOnABareCluster(t *testing.T) {
+	ks := kits(t)
+	mon, ex := ks[1], ks[2]
+	if mon.name != monOverlayDir || ex.name != overlayDir {
+		t.Fatalf("kits are %s and %s", mon.name, ex.name)
+	}
+	if len(ex.serviceMonitors)+len(ex.prometheusRules) > 0 {
+		t.Errorf("%s has Prometheus Operator objects: it must apply on a cluster without the Operator's CRDs", ex.name)
+	}
+	c := ex.container(t)
+	for r, most := range map[corev1.ResourceName]string{corev1.ResourceCPU: "100m", corev1.ResourceMemory: "128Mi"} {
+		if q := c.Resources.Requests[r]; q.Cmp(resource.MustParse(most)) > 0 {
+			t.Errorf("%s requests %s %s per pod; keep it at most %s so three pods fit a laptop's kind cluster", ex.name, q.String(), r, most)
+		}
+	}
+	if len(mon.serviceMonitors) != 1 || len(mon.prometheusRules) != 1 {
+		t.Errorf("%s: %d ServiceMonitors, %d PrometheusRules; want one of each", mon.name, len(mon.serviceMonitors), len(mon.prometheusRules))
+	}
+	if !reflect.DeepEqual(mon.statefulSet.Spec.Template.Spec, ex.statefulSet.Spec.Template.Spec) || len(mon.services) != len(ex.services) {
+		t.Errorf("%s's pods differ from %s's beyond the scrape annotation", mon.name, ex.name)
 	}
 }
 
@@ -706,6 +734,17 @@ func checkKit(t *testing.T, k *kit) {
 				if len(hits) != 1 || ep.Path != "/metrics" {
 					t.Errorf("ServiceMonitor endpoint %q %s selects Services %v; want exactly one, path /metrics", ep.Port, ep.Path, hits)
 				}
+			}
+		}
+		if len(k.prometheusRules) != len(k.serviceMonitors) {
+			t.Errorf("%d PrometheusRules with %d ServiceMonitors: the monitoring component adds one of each", len(k.prometheusRules), len(k.serviceMonitors))
+		}
+		for _, pr := range k.prometheusRules {
+			if ns := pr.Metadata.Namespace; ns != sts.Namespace {
+				t.Errorf("PrometheusRule in namespace %q, pods in %q", ns, sts.Namespace)
+			}
+			if !reflect.DeepEqual(pr.Spec, loadRules(t)) {
+				t.Errorf("PrometheusRule %s is not %s", pr.Metadata.Name, rulesFile)
 			}
 		}
 	})
