@@ -94,8 +94,9 @@ type Options struct {
 	// ShadowMode forces every response's overall code to OK; the
 	// per-descriptor codes still say what would have happened.
 	ShadowMode bool
-	// StopIncrementWhenOverLimit: a request that is over the limit on any
-	// descriptor consumes quota from none of them.
+	// StopIncrementWhenOverLimit: when a request would put any of its
+	// descriptors over the limit, only those descriptors count its hits
+	// (as in envoyproxy/ratelimit): the others consume nothing.
 	StopIncrementWhenOverLimit bool
 	// NearLimitRatio sets the near_limit stat threshold (default 0.8).
 	NearLimitRatio float64
@@ -225,6 +226,7 @@ type requestScratch struct {
 	idx       []int // descriptor index of each op
 	ops       []bucket.Op
 	results   []bucket.Result
+	hits      []uint64 // count's copy of the ops' hits
 	keys      []byte
 	offs      []int // key offsets into keys
 }
@@ -388,7 +390,10 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		sc.results = make([]bucket.Result, len(sc.ops))
 	}
 	sc.results = sc.results[:len(sc.ops)]
-	s.count(ctx, now, sc.ops, sc.results)
+	if cap(sc.hits) < len(sc.ops) {
+		sc.hits = make([]uint64, len(sc.ops))
+	}
+	s.count(ctx, now, sc.ops, sc.results, sc.hits)
 
 	// Statuses.
 	k := 0
@@ -454,31 +459,41 @@ func newResponse(n int) *pb.RateLimitResponse {
 	return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, n)}
 }
 
-// count applies ops, honouring StopIncrementWhenOverLimit: with it, a
-// request that any descriptor would put over its limit consumes nothing.
-func (s *Service) count(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+// count applies ops, honouring StopIncrementWhenOverLimit as the reference
+// does: the hits are first checked without being counted; when none would
+// put its descriptor over its limit, all are counted; otherwise only the
+// descriptors that would be over count their hits, and the others count
+// nothing and report their count as it stands. A request with one
+// descriptor is therefore counted whether or not it is over, as without the
+// option. hits is scratch space; ops' Hits are as given when count returns.
+func (s *Service) count(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, hits []uint64) {
 	if len(ops) == 0 {
 		return
 	}
-	if !s.opt.StopIncrementWhenOverLimit {
+	if !s.opt.StopIncrementWhenOverLimit || len(ops) == 1 {
 		s.counter.Apply(ctx, now, ops, results)
 		return
 	}
-	if len(ops) > 1 {
-		for i := range ops {
-			ops[i].Mode = bucket.Peek
-		}
-		s.counter.Apply(ctx, now, ops, results)
-		for i := range results {
-			if results[i].Over {
-				return // peeked results are the answer; nothing consumed
-			}
-		}
-	}
 	for i := range ops {
-		ops[i].Mode = bucket.StopOnOver
+		ops[i].Mode = bucket.Peek
 	}
 	s.counter.Apply(ctx, now, ops, results)
+	anyOver := false
+	for i := range results {
+		anyOver = anyOver || results[i].Over
+	}
+	hits = hits[:len(ops)]
+	for i := range ops {
+		hits[i] = ops[i].Hits
+		ops[i].Mode = bucket.Consume
+		if anyOver && !results[i].Over {
+			ops[i].Hits = 0 // checks only: the count as it stands
+		}
+	}
+	s.counter.Apply(ctx, now, ops, results)
+	for i := range ops {
+		ops[i].Hits = hits[i]
+	}
 }
 
 // dropReplaced removes every matched rule whose name another matched rule

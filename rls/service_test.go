@@ -425,25 +425,27 @@ func TestServiceTimelines(t *testing.T) {
 			svCount(t0, dom, svD("minute", "m"), 7),
 			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOver, pm(svOver, 0, 60))},
 		}},
-		{"StopIncrementWhenOverLimit: an over-limit hit does not increment", Options{StopIncrementWhenOverLimit: true}, []svStep{
+		{"StopIncrementWhenOverLimit: a lone descriptor counts when over, as in the reference", Options{StopIncrementWhenOverLimit: true}, []svStep{
 			{at: t0, req: svReq(dom, 4, svD("minute", "m")), want: svResp(svOK, pm(svOK, 1, 60))},
 			{at: t0, req: svReq(dom, 3, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
-			svCount(t0, dom, svD("minute", "m"), 4),
-			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOK, pm(svOK, 1, 60))},
-			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOK, pm(svOK, 0, 60))},
+			svCount(t0, dom, svD("minute", "m"), 7),
 			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
-			svCount(t0, dom, svD("minute", "m"), 5),
+			svCount(t0, dom, svD("minute", "m"), 8),
 		}},
-		{"StopIncrementWhenOverLimit: a request over on any descriptor consumes from none", Options{StopIncrementWhenOverLimit: true}, []svStep{
+		{"StopIncrementWhenOverLimit: only the descriptors that are over count", Options{StopIncrementWhenOverLimit: true}, []svStep{
 			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
 				want: svResp(svOK, lim(svOK, 1, 0, 60), lim(svOK, 10, 9, 60))},
+			// a would be over: a counts, b does not and reports its count as it stands.
 			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
-				want: svResp(svOver, lim(svOver, 1, 0, 60), lim(svOK, 10, 8, 60))},
+				want: svResp(svOver, lim(svOver, 1, 0, 60), lim(svOK, 10, 9, 60))},
 			{at: t0, req: svReq(dom, 0, svD("b", "1"), svD("a", "1")),
-				want: svResp(svOver, lim(svOK, 10, 8, 60), lim(svOver, 1, 0, 60))},
-			svCount(t0, dom, svD("a", "1"), 1),
+				want: svResp(svOver, lim(svOK, 10, 9, 60), lim(svOver, 1, 0, 60))},
+			svCount(t0, dom, svD("a", "1"), 3),
 			svCount(t0, dom, svD("b", "1"), 1),
 			{at: t0, req: svReq(dom, 0, svD("b", "1")), want: svResp(svOK, lim(svOK, 10, 8, 60))},
+			// A request with nothing over counts on every descriptor.
+			{at: t1, req: svReq(dom, 0, svD("b", "1"), svD("minute", "s")),
+				want: svResp(svOK, lim(svOK, 10, 7, 59), pm(svOK, 4, 59))},
 		}},
 		{"by default an over-limit descriptor does not stop the others counting", Options{}, []svStep{
 			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
@@ -527,6 +529,43 @@ func TestServiceTimelines(t *testing.T) {
 			svRun(t, svNew(t, svConfig, tt.opt), tt.steps)
 		})
 	}
+}
+
+// TestServiceStopIncrementReference plays the reference's rule for
+// StopIncrementWhenOverLimit: a descriptor that would be over still counts
+// its hits; when one is, the request's other descriptors count nothing.
+func TestServiceStopIncrementReference(t *testing.T) {
+	const cfg = `domain: stop
+descriptors:
+  - {key: a, rate_limit: {unit: hour, requests_per_unit: 2}}
+  - {key: b, rate_limit: {unit: hour, requests_per_unit: 5}}
+  - {key: c, rate_limit: {unit: hour, requests_per_unit: 10}}
+`
+	h := svNew(t, cfg, Options{StopIncrementWhenOverLimit: true})
+	st := func(code pb.RateLimitResponse_Code, rpu, rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, rpu, svHour, "", rem, 3600)
+	}
+	d := func(k string, hits uint64) *rlv3.RateLimitDescriptor { return svHits(svD(k, "x"), hits) }
+	svRun(t, h, []svStep{
+		{at: svT0, req: svReq("stop", 0, d("c", 8)), want: svResp(svOK, st(svOK, 10, 2))},
+		// Over: counted all the same, so a smaller request after it is over too.
+		{at: svT0, req: svReq("stop", 0, d("c", 5)), want: svResp(svOver, st(svOver, 10, 0))},
+		{at: svT0, req: svReq("stop", 0, d("c", 1)), want: svResp(svOver, st(svOver, 10, 0))},
+		svCount(svT0, "stop", svD("c", "x"), 14),
+		// c is over: a and b count nothing.
+		{at: svT0, req: svReq("stop", 0, d("a", 1), d("b", 1), d("c", 1)),
+			want: svResp(svOver, st(svOK, 2, 2), st(svOK, 5, 5), st(svOver, 10, 0))},
+		svCount(svT0, "stop", svD("a", "x"), 0),
+		svCount(svT0, "stop", svD("c", "x"), 15),
+		// Nothing over: both count.
+		{at: svT0, req: svReq("stop", 0, d("a", 1), d("b", 1)),
+			want: svResp(svOK, st(svOK, 2, 1), st(svOK, 5, 4))},
+		// a would be over: a counts, b reports its count as it stands.
+		{at: svT0, req: svReq("stop", 0, d("a", 2), d("b", 1)),
+			want: svResp(svOver, st(svOver, 2, 0), st(svOK, 5, 4))},
+		svCount(svT0, "stop", svD("a", "x"), 3),
+		svCount(svT0, "stop", svD("b", "x"), 1),
+	})
 }
 
 func TestServiceResponseHeaders(t *testing.T) {
