@@ -166,6 +166,7 @@ func TestMigrationEnvVars(t *testing.T) {
 		{[]string{"LOG_LEVEL=trace"}, map[string]string{"LogLevel": "trace"}},
 		{[]string{"LOG_LEVEL=fatal"}, map[string]string{"LogLevel": "fatal"}},
 		{[]string{"SHADOW_MODE=true"}, map[string]string{"ShadowMode": "true"}},
+		{[]string{"QUOTA_MODE=true"}, map[string]string{"QuotaMode": "true"}},
 		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"StopIncrement": "true"}},
 		{[]string{"NEAR_LIMIT_RATIO=0.9"}, map[string]string{"NearLimitRatio": "0.9"}},
 		{[]string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"ResponseHeaders": "true"}},

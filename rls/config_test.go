@@ -273,7 +273,7 @@ func TestSeedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := c.Dump(), "ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false\n"; got != want {
+	if got, want := c.Dump(), "ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false\n"; got != want {
 		t.Errorf("Dump = %q, want %q", got, want)
 	}
 	d := c.Domain("ratelimit")
@@ -300,17 +300,17 @@ func TestLoadFullDirectory(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `api.remote_address: unit=SECOND requests_per_unit=50, shadow_mode: false
-api.remote_address.PATH_GET /login: unit=MINUTE requests_per_unit=10, shadow_mode: false
-api.remote_address.PATH_GET /static/*: unit=UNKNOWN requests_per_unit=0, shadow_mode: false
-api.remote_address.PATH: unit=HOUR requests_per_unit=1000, shadow_mode: false
-api.generic_key_blocked: unit=DAY requests_per_unit=0, shadow_mode: false
-api.generic_key_shadow: unit=WEEK requests_per_unit=5, shadow_mode: true
-api.header_match_tenant-*-eu: unit=MONTH requests_per_unit=1000000, shadow_mode: false
-api.destination_cluster: unit=YEAR requests_per_unit=4294967295, shadow_mode: false
-internal.service_a: unit=MINUTE requests_per_unit=60, shadow_mode: false
-internal.service_b: unit=MINUTE requests_per_unit=60, shadow_mode: false
-internal.service_c: unit=MINUTE requests_per_unit=120, shadow_mode: false
+	want := `api.remote_address: unit=SECOND requests_per_unit=50, shadow_mode: false, quota_mode: false
+api.remote_address.PATH_GET /login: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false
+api.remote_address.PATH_GET /static/*: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false
+api.remote_address.PATH: unit=HOUR requests_per_unit=1000, shadow_mode: false, quota_mode: false
+api.generic_key_blocked: unit=DAY requests_per_unit=0, shadow_mode: false, quota_mode: false
+api.generic_key_shadow: unit=WEEK requests_per_unit=5, shadow_mode: true, quota_mode: false
+api.header_match_tenant-*-eu: unit=MONTH requests_per_unit=1000000, shadow_mode: false, quota_mode: true
+api.destination_cluster: unit=YEAR requests_per_unit=4294967295, shadow_mode: false, quota_mode: false
+internal.service_a: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false
+internal.service_b: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false
+internal.service_c: unit=MINUTE requests_per_unit=120, shadow_mode: false, quota_mode: false
 `
 	if got := c.Dump(); got != want {
 		t.Errorf("Dump:\n%s\nwant:\n%s", got, want)
@@ -372,27 +372,27 @@ func TestLoad(t *testing.T) {
 		{name: "empty directory is an empty config"},
 		{name: "dotfiles and subdirectories are skipped",
 			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: [", "sub/c.yaml": "garbage: ["},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "IgnoreDotfiles changes nothing",
 			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: ["},
 			opt:   LoadOptions{IgnoreDotfiles: true},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "a single file", path: "one.yml",
 			files: map[string]string{"one.yml": cfgRule("a", "k", 1), "two.yml": "garbage: ["},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "a single dotfile is read when named", path: ".one",
 			files: map[string]string{".one": cfgRule("a", "k", 1)},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "domains sorted whatever the file order",
 			files: map[string]string{"1.yaml": cfgRule("zeta", "k", 1), "2.yaml": cfgRule("alpha", "k", 2)},
-			dump:  "alpha.k: unit=MINUTE requests_per_unit=2, shadow_mode: false\nzeta.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "alpha.k: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\nzeta.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "duplicate domain",
 			files:   map[string]string{"a.yaml": cfgRule("d", "k", 1), "b.yaml": cfgRule("d", "j", 2)},
 			wantErr: []string{"rls: $D/b.yaml: domain: duplicate domain 'd' in config file"}},
 		{name: "merged domains",
 			files: map[string]string{"a.yaml": cfgRule("d", "k", 1), "b.yaml": cfgRule("d", "j", 2)},
 			opt:   LoadOptions{MergeDomains: true},
-			dump:  "d.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\nd.j: unit=MINUTE requests_per_unit=2, shadow_mode: false\n"},
+			dump:  "d.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\nd.j: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n"},
 		{name: "merged domains still reject duplicate descriptors",
 			files:   map[string]string{"a.yaml": cfgRule("d", "k", 1), "b.yaml": cfgRule("d", "k", 2)},
 			opt:     LoadOptions{MergeDomains: true},
@@ -412,7 +412,7 @@ func TestLoad(t *testing.T) {
 				cfgSymlink(t, "..data/ratelimit.yaml", filepath.Join(dir, "ratelimit.yaml"))
 				cfgSymlink(t, "..data/removed.yaml", filepath.Join(dir, "removed.yaml")) // dangling
 			},
-			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false\n"},
+			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false\n"},
 		{name: "symlink to a directory is skipped",
 			setup: func(t *testing.T, dir string) {
 				cfgWrite(t, dir, map[string]string{"real/a.yaml": cfgRule("a", "k", 1)})
@@ -559,7 +559,7 @@ descriptors:
 	_, err = Parse("ratelimit.yaml", []byte("domain: ratelimit\ndescriptors:\n  - key: PATH\n    rate_limit: {unit: fortnight}\n"))
 	fmt.Println(err)
 	// Output:
-	// ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false
+	// ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false
 	// ratelimit.remote_address.PATH 100 MINUTE
 	// rls: ratelimit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'
 }

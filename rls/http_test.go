@@ -159,7 +159,7 @@ func TestHTTPRLConfig(t *testing.T) {
 	h := svNew(t, svSeedConfig, Options{})
 	resp := svServe(h.svc.ConfigHandler(), http.MethodGet, "/rlconfig", "")
 	body := svBody(t, resp)
-	const want = "ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false\n"
+	const want = "ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false\n"
 	if resp.StatusCode != http.StatusOK || body != want {
 		t.Fatalf("GET /rlconfig = %d %q, want 200 %q", resp.StatusCode, body, want)
 	}
@@ -181,10 +181,10 @@ func TestHTTPRLConfig(t *testing.T) {
 		}
 	}
 	for _, want := range []string{
-		"shapes.unlimited: unit=UNKNOWN requests_per_unit=0, shadow_mode: false",
-		"shapes.minute: unit=MINUTE requests_per_unit=5, shadow_mode: false",
-		"shapes.shadow: unit=MINUTE requests_per_unit=2, shadow_mode: true",
-		"shapes.path.user: unit=MINUTE requests_per_unit=3, shadow_mode: false",
+		"shapes.unlimited: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false",
+		"shapes.minute: unit=MINUTE requests_per_unit=5, shadow_mode: false, quota_mode: false",
+		"shapes.shadow: unit=MINUTE requests_per_unit=2, shadow_mode: true, quota_mode: false",
+		"shapes.path.user: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false",
 	} {
 		if !strings.Contains(body, want+"\n") {
 			t.Errorf("/rlconfig lacks %q:\n%s", want, body)

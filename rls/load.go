@@ -41,8 +41,10 @@ type LoadOptions struct {
 // have ringlimit's algorithm (fixed_window, the default, sliding_window or
 // token_bucket, in any case) and burst (token_bucket only, at least 1,
 // default requests_per_unit); a rule using them carries Rule.Extension. Units are second,
-// minute, hour, day, week, month and year, in any case. The newer reference
-// fields quota_mode, value_to_metric and metadata are accepted and ignored;
+// minute, hour, day, week, month and year, in any case. A descriptor's
+// quota_mode sets Rule.QuotaMode; the newer reference fields value_to_metric
+// and metadata are accepted and ignored, and so are quota_mode and metadata
+// inside rate_limit, as the reference does;
 // share_threshold (only on a value containing '*', as the reference checks)
 // makes every value the pattern matches count on one counter (see
 // Rule.SharedCounter). Any other key is an error, at any level.
@@ -139,6 +141,7 @@ type cfgDesc struct {
 	key, value string
 	rate       *cfgRate // nil: no rate_limit
 	shadow     bool
+	quota      bool // quota_mode
 	detailed   bool
 	share      bool // share_threshold (value contains '*')
 	children   []*cfgDesc
@@ -489,8 +492,10 @@ func (p *cfgParser) descriptor(n *yaml.Node, path string, depth int) *cfgDesc {
 			p.boolean(pr.val, fp) // accepted, ignored
 		case "share_threshold":
 			d.share, shareLine = p.boolean(pr.val, fp), pr.line
-		case "quota_mode", "metadata":
-			// Newer reference fields: accepted, ignored, not checked.
+		case "quota_mode":
+			d.quota = p.boolean(pr.val, fp)
+		case "metadata":
+			// A newer reference field: accepted, ignored, not checked.
 		default:
 			p.failYAML(fp, pr.line, "unknown key '%s'", pr.key)
 		}
@@ -550,7 +555,8 @@ func (p *cfgParser) rateLimit(n *yaml.Node, path string) *cfgRate {
 		case "algorithm", "burst":
 			p.rateExt(&r.ext, pr, fp)
 		case "quota_mode", "metadata":
-			// Newer reference fields: accepted, ignored, not checked.
+			// Keys the reference allows here but ignores (they belong to
+			// the descriptor): accepted, ignored, not checked.
 		default:
 			p.failYAML(fp, pr.line, "unknown key '%s'", pr.key)
 		}
@@ -671,6 +677,7 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 				Unit:            r.unit,
 				RequestsPerUnit: r.rpu,
 				ShadowMode:      d.shadow,
+				QuotaMode:       d.quota,
 				DetailedMetric:  d.detailed,
 				SharedCounter:   shared,
 			}

@@ -94,6 +94,9 @@ type Options struct {
 	// ShadowMode forces every response's overall code to OK; the
 	// per-descriptor codes still say what would have happened.
 	ShadowMode bool
+	// QuotaMode treats every rule as a quota_mode rule (the reference's
+	// QUOTA_MODE): see Rule.QuotaMode.
+	QuotaMode bool
 	// StopIncrementWhenOverLimit: when a request would put any of its
 	// descriptors over the limit, only those descriptors count its hits
 	// (as in envoyproxy/ratelimit): the others consume nothing.
@@ -395,10 +398,18 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	}
 	s.count(ctx, now, sc.ops, sc.results, sc.hits)
 
-	// Statuses.
+	// Statuses. As in the reference, the overall code is OVER_LIMIT when a
+	// descriptor that is not in quota mode is over, or when every one in
+	// quota mode is (and there is one); unlimited descriptors are neither.
+	var overRate, overQuota, quota int
 	k := 0
 	for i, d := range req.Descriptors {
 		r := sc.rules[i]
+		if r == nil || !r.Unlimited {
+			if s.quotaMode(r) {
+				quota++
+			}
+		}
 		switch {
 		case r == nil:
 			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
@@ -415,7 +426,11 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		code := pb.RateLimitResponse_OK
 		if res.Over && !r.ShadowMode {
 			code = pb.RateLimitResponse_OVER_LIMIT
-			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+			if s.quotaMode(r) {
+				overQuota++
+			} else {
+				overRate++
+			}
 		}
 		sc.stats[i].record(r, op.Hits, res, s.opt.NearLimitRatio)
 		b := new(limitedStatus) // one allocation for the status and its two sub-messages
@@ -427,8 +442,11 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		b.status.DurationUntilReset = &b.reset
 		resp.Statuses[i] = &b.status
 	}
+	if overRate > 0 || (quota > 0 && overQuota == quota) {
+		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+	}
 	if s.opt.ResponseHeaders {
-		resp.ResponseHeadersToAdd = s.headers(resp.Statuses)
+		resp.ResponseHeadersToAdd = s.headers(resp.Statuses, sc.rules)
 	}
 	if s.opt.ShadowMode {
 		resp.OverallCode = pb.RateLimitResponse_OK
@@ -549,15 +567,22 @@ func resetSeconds(ns int64) int64 {
 	return (ns + int64(time.Second) - 1) / int64(time.Second)
 }
 
+// quotaMode reports whether a descriptor matched to r (nil: none) is in
+// quota mode.
+func (s *Service) quotaMode(r *Rule) bool {
+	return s.opt.QuotaMode || (r != nil && r.QuotaMode)
+}
+
 // headers builds the optional RateLimit-* headers from the descriptor with
 // the least remaining quota (the first of equals), except that, as in the
-// reference, the last over-limit descriptor wins over any other.
-func (s *Service) headers(sts []*pb.RateLimitResponse_DescriptorStatus) []*core.HeaderValue {
+// reference, the last over-limit descriptor not in quota mode wins over any
+// other. rules are the descriptors' rules.
+func (s *Service) headers(sts []*pb.RateLimitResponse_DescriptorStatus, rules []*Rule) []*core.HeaderValue {
 	var min *pb.RateLimitResponse_DescriptorStatus
 	least := uint32(math.MaxUint32)
-	for _, st := range sts {
+	for i, st := range sts {
 		switch {
-		case st.Code == pb.RateLimitResponse_OVER_LIMIT:
+		case st.Code == pb.RateLimitResponse_OVER_LIMIT && !s.quotaMode(rules[i]):
 			min, least = st, 0
 		case st.CurrentLimit != nil && st.LimitRemaining < least:
 			min, least = st, st.LimitRemaining

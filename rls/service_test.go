@@ -568,6 +568,54 @@ descriptors:
 	})
 }
 
+// TestServiceQuotaMode: as in the reference, a descriptor in quota mode
+// (its rule's quota_mode, or Options.QuotaMode for all) reports OVER_LIMIT
+// as usual, but makes the overall code OVER_LIMIT only when every
+// quota-mode descriptor of the request is over.
+func TestServiceQuotaMode(t *testing.T) {
+	const cfg = `domain: quota
+descriptors:
+  - {key: q1, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: q2, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 5}}
+  - {key: r, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: u, rate_limit: {unlimited: true}}
+`
+	st := func(code pb.RateLimitResponse_Code, rpu, rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, rpu, svHour, "", rem, 3600)
+	}
+	d := func(k string) *rlv3.RateLimitDescriptor { return svD(k, "x") }
+	t.Run("per rule", func(t *testing.T) {
+		h := svNew(t, cfg, Options{})
+		svRun(t, h, []svStep{
+			{at: svT0, req: svReq("quota", 0, d("q1")), want: svResp(svOK, st(svOK, 1, 0))},
+			// Only some quota-mode descriptors over: OK overall.
+			{at: svT0, req: svReq("quota", 0, d("q1"), d("q2")), want: svResp(svOK, st(svOver, 1, 0), st(svOK, 5, 4))},
+			// Every quota-mode descriptor over (an unlimited one is none): over.
+			{at: svT0, req: svReq("quota", 0, d("q1"), d("u"), d("none")), want: svResp(svOver, st(svOver, 1, 0), svUnlSt(), svOKSt())},
+			{at: svT0, req: svReq("quota", 0, d("q1"), d("r")), want: svResp(svOver, st(svOver, 1, 0), st(svOK, 1, 0))},
+			// A rule not in quota mode over: over, whatever the quota.
+			{at: svT0, req: svReq("quota", 0, d("r"), d("q2")), want: svResp(svOver, st(svOver, 1, 0), st(svOK, 5, 3))},
+		})
+	})
+	t.Run("global", func(t *testing.T) {
+		h := svNew(t, cfg, Options{QuotaMode: true})
+		svRun(t, h, []svStep{
+			{at: svT0, req: svReq("quota", 0, d("r")), want: svResp(svOK, st(svOK, 1, 0))},
+			{at: svT0, req: svReq("quota", 0, d("r")), want: svResp(svOver, st(svOver, 1, 0))},
+			// A descriptor with no rule is in quota mode too, and not over.
+			{at: svT0, req: svReq("quota", 0, d("r"), d("none")), want: svResp(svOK, st(svOver, 1, 0), svOKSt())},
+			// An unlimited one is not.
+			{at: svT0, req: svReq("quota", 0, d("r"), d("u")), want: svResp(svOver, st(svOver, 1, 0), svUnlSt())},
+		})
+	})
+	t.Run("global shadow mode wins", func(t *testing.T) {
+		h := svNew(t, cfg, Options{ShadowMode: true})
+		svRun(t, h, []svStep{
+			{at: svT0, req: svReq("quota", 2, d("q1")), want: svResp(svOK, st(svOver, 1, 0))},
+		})
+	})
+}
+
 func TestServiceResponseHeaders(t *testing.T) {
 	hdr := func(names [3]string, limit, remaining, reset string) []*core.HeaderValue {
 		return []*core.HeaderValue{
@@ -599,6 +647,9 @@ func TestServiceResponseHeaders(t *testing.T) {
 			hdr(std, "5", "2", "50")},
 		{"a shadow rule over its limit counts by remaining only", Options{ResponseHeaders: true},
 			svReq("shapes", 0, svHits(svD("hour", "h"), 5), svHits(svD("shadow", "s"), 3)),
+			hdr(std, "5", "0", "3590")},
+		{"quota mode: an over-limit descriptor counts by remaining only", Options{ResponseHeaders: true, QuotaMode: true},
+			svReq("shapes", 0, svHits(svD("hour", "h"), 6), svHits(svD("a", "1"), 2), svD("b", "1")),
 			hdr(std, "5", "0", "3590")},
 		{"global shadow mode keeps the headers", Options{ResponseHeaders: true, ShadowMode: true},
 			svReq("shapes", 0, svD("b", "1"), svHits(svD("a", "1"), 2)),

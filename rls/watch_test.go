@@ -82,7 +82,7 @@ func watchWriteAtomic(t *testing.T, dir, name, content string) {
 }
 
 func watchDump(domain, key string, rpu int) string {
-	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false\n"
+	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false, quota_mode: false\n"
 }
 
 func TestWatchDirectory(t *testing.T) {

@@ -165,6 +165,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	metrics := rls.NewMetrics(reg)
 	svc, err := rls.NewService(rls.Options{
 		ShadowMode:                 c.ShadowMode,
+		QuotaMode:                  c.QuotaMode,
 		StopIncrementWhenOverLimit: c.StopIncrement,
 		NearLimitRatio:             c.NearLimitRatio,
 		ResponseHeaders:            c.ResponseHeaders,
