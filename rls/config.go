@@ -82,13 +82,7 @@ type Config struct {
 	names   []string // sorted domain names
 	rules   []*Rule  // by Index
 	dump    string
-	skipped []string // subdirectories Load did not read
 }
-
-// SkippedDirs lists the subdirectories of the config directory that Load did
-// not read (dot-directories, such as a ConfigMap's, aside). The reference
-// reads the files in them, so a config placed there is missing here.
-func (c *Config) SkippedDirs() []string { return slices.Clone(c.skipped) }
 
 // Domain is one domain's descriptor tree. It is immutable and safe for
 // concurrent use. A nil *Domain is an unknown domain: it matches nothing.

@@ -293,8 +293,9 @@ func TestSeedConfig(t *testing.T) {
 	}
 }
 
-// TestLoadFullDirectory reads every regular file whatever its extension,
-// skipping dotfiles and subdirectories, and orders rules by domain.
+// TestLoadFullDirectory reads every regular file whatever its extension, in
+// subdirectories too, skipping dotfiles and dot-directories, and orders
+// rules by domain.
 func TestLoadFullDirectory(t *testing.T) {
 	c, err := Load("testdata/full", LoadOptions{})
 	if err != nil {
@@ -311,11 +312,12 @@ api.destination_cluster: unit=YEAR requests_per_unit=4294967295, shadow_mode: fa
 internal.service_a: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false
 internal.service_b: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false
 internal.service_c: unit=MINUTE requests_per_unit=120, shadow_mode: false, quota_mode: false
+nested.tenant: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false
 `
 	if got := c.Dump(); got != want {
 		t.Errorf("Dump:\n%s\nwant:\n%s", got, want)
 	}
-	if got := strings.Join(c.Domains(), ","); got != "api,internal" {
+	if got := strings.Join(c.Domains(), ","); got != "api,internal,nested" {
 		t.Errorf("Domains = %s", got)
 	}
 	for i, r := range c.Rules() {
@@ -370,9 +372,19 @@ func TestLoad(t *testing.T) {
 		wantErr []string // with "$D" for the directory
 	}{
 		{name: "empty directory is an empty config"},
-		{name: "dotfiles and subdirectories are skipped",
-			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: [", "sub/c.yaml": "garbage: ["},
+		{name: "dotfiles and dot-directories are skipped",
+			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: [", ".sub/c.yaml": "garbage: [", "..2026_01_01/d": "garbage: ["},
 			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
+		{name: "subdirectories are read, depth first in name order",
+			files: map[string]string{"b": cfgRule("d", "b", 1), "a/z": cfgRule("d", "az", 2), "a/b/c": cfgRule("d", "abc", 3), "c": cfgRule("e", "c", 4)},
+			opt:   LoadOptions{MergeDomains: true},
+			dump: "d.abc: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false\n" +
+				"d.az: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n" +
+				"d.b: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n" +
+				"e.c: unit=MINUTE requests_per_unit=4, shadow_mode: false, quota_mode: false\n"},
+		{name: "an error in a subdirectory names the file",
+			files:   map[string]string{"a": cfgRule("d", "k", 1), "sub/b": cfgRule("d", "j", 2)},
+			wantErr: []string{"rls: $D/sub/b: domain: duplicate domain 'd' in config file"}},
 		{name: "IgnoreDotfiles changes nothing",
 			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: ["},
 			opt:   LoadOptions{IgnoreDotfiles: true},
@@ -413,11 +425,20 @@ func TestLoad(t *testing.T) {
 				cfgSymlink(t, "..data/removed.yaml", filepath.Join(dir, "removed.yaml")) // dangling
 			},
 			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false\n"},
-		{name: "symlink to a directory is skipped",
+		{name: "a directory reached through a symlink too is read once; a symlink loop ends",
 			setup: func(t *testing.T, dir string) {
 				cfgWrite(t, dir, map[string]string{"real/a.yaml": cfgRule("a", "k", 1)})
 				cfgSymlink(t, "real", filepath.Join(dir, "link"))
-			}},
+				cfgSymlink(t, "..", filepath.Join(dir, "real", "up"))
+			},
+			dump: "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
+		{name: "a ConfigMap item in a subdirectory is read through its link",
+			setup: func(t *testing.T, dir string) {
+				cfgWrite(t, dir, map[string]string{"..2026_01_01/sub/a.yaml": cfgRule("cm", "k", 7)})
+				cfgSymlink(t, "..2026_01_01", filepath.Join(dir, "..data"))
+				cfgSymlink(t, "..data/sub", filepath.Join(dir, "sub"))
+			},
+			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,9 +3,7 @@ package rls
 import (
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -54,12 +52,13 @@ func Parse(file string, data []byte) (*Config, error) {
 	return b.finish()
 }
 
-// Load reads a config file, or every regular file of a directory (whatever
-// its extension, following symlinks, in name order), skipping names that
-// start with "." and subdirectories (listed by Config.SkippedDirs, as
-// envoyproxy/ratelimit would read files in them). An empty directory gives
-// an empty, valid Config. Errors are those of Parse for every file, joined, plus a
-// duplicate domain across files when opt.MergeDomains is false.
+// Load reads a config file, or every regular file of a directory and of its
+// subdirectories, at any depth (whatever the file's extension, following
+// symlinks, in name order, depth first), skipping names that start with "."
+// at every level, as envoyproxy/ratelimit reads its runtime directory. An
+// empty directory gives an empty, valid Config. Errors are those of Parse
+// for every file, joined, plus a duplicate domain across files when
+// opt.MergeDomains is false.
 func Load(path string, opt LoadOptions) (*Config, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -74,48 +73,17 @@ func Load(path string, opt LoadOptions) (*Config, error) {
 		b.addFile(path, data)
 		return b.finish()
 	}
-	ents, err := os.ReadDir(path) // sorted by name
-	if err != nil {
-		return nil, fmt.Errorf("rls: %w", err)
-	}
 	var readErrs []error
-	var skipped []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		full := filepath.Join(path, e.Name())
-		fi, err := os.Stat(full) // follows symlinks
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && e.Type()&fs.ModeSymlink != 0 {
-				// A dangling symlink: Kubernetes removes the link of a
-				// deleted key just after swapping ..data.
-				continue
-			}
-			readErrs = append(readErrs, fmt.Errorf("rls: %w", err))
-			continue
-		}
-		if fi.IsDir() {
-			skipped = append(skipped, full)
-			continue
-		}
-		if !fi.Mode().IsRegular() {
-			continue // no FIFO that would block a read
-		}
-		data, err := os.ReadFile(full)
+	walkErrs := walkConfigDir(path, func(file string) {
+		data, err := os.ReadFile(file)
 		if err != nil {
 			readErrs = append(readErrs, fmt.Errorf("rls: %w", err))
-			continue
+			return
 		}
-		b.addFile(full, data)
-	}
-	b.errs = append(readErrs, b.errs...)
-	cfg, err := b.finish()
-	if err != nil {
-		return nil, err
-	}
-	cfg.skipped = skipped
-	return cfg, nil
+		b.addFile(file, data)
+	}, nil)
+	b.errs = append(append(walkErrs, readErrs...), b.errs...)
+	return b.finish()
 }
 
 // A file may expand to at most cfgBaseNodes + cfgNodesPerByte*len(data)

@@ -40,6 +40,9 @@ type Watcher struct {
 	// directory often gets the inode number of the one just removed.)
 	replaced bool
 	links    map[string]string
+	// subs holds the subdirectories of a config directory that Load reads,
+	// each watched for the files Load reads in it; nil for a config file.
+	subs map[string]bool
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -53,9 +56,10 @@ type Watcher struct {
 //
 // For a directory it watches the directory itself, which also sees the
 // atomic "..data" symlink swap of a Kubernetes ConfigMap mount; dotfile
-// changes other than "..data" are ignored. For a file it watches the parent
-// directory and reacts to the file's name and "..data". Subdirectories are
-// not watched. When the watched directory is reached through symlinks (a
+// changes other than "..data" are ignored. Its subdirectories that Load reads
+// are watched alike, and the set of them is updated before each reload. For
+// a file it watches the parent directory and reacts to the file's name and
+// "..data". When the watched directory is reached through symlinks (a
 // ConfigMap item under a subdirectory, config -> ..data/config, or the
 // reference's swapped /srv/runtime_data/current), the directory holding
 // each symlink is watched too, for a swap of that link or of "..data", and
@@ -92,6 +96,10 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 	}
 	w.target, _ = filepath.EvalSymlinks(dir)
 	w.watchLinks()
+	if st.IsDir() {
+		w.subs = map[string]bool{}
+		w.watchSubdirs()
+	}
 	go w.run()
 	return w, nil
 }
@@ -127,10 +135,30 @@ func (w *Watcher) watchLinks() {
 	w.links = next
 }
 
+// watchSubdirs watches the subdirectories of the config directory that
+// Load reads now, afresh (one may be a new directory under an old name, or
+// reached through a link that was swapped), and stops watching those it no
+// longer reads. Best effort, as watchLinks.
+func (w *Watcher) watchSubdirs() {
+	if w.subs == nil {
+		return
+	}
+	for d := range w.subs {
+		_ = w.fsw.Remove(d)
+	}
+	next := map[string]bool{}
+	walkConfigDir(w.dir, func(string) {}, func(d string) {
+		if d = filepath.Clean(d); d != w.dir && w.fsw.Add(d) == nil {
+			next[d] = true
+		}
+	})
+	w.subs = next
+}
+
 // relevant reports whether an event for name may change the config.
 func (w *Watcher) relevant(name string) bool {
 	dir, base := filepath.Dir(name), filepath.Base(name)
-	if dir == w.dir {
+	if dir == w.dir || w.subs[dir] {
 		return w.filter(base)
 	}
 	if link, ok := w.links[dir]; ok {
@@ -209,6 +237,7 @@ func (w *Watcher) run() {
 		case <-timer.C:
 			pending = false
 			w.follow()
+			w.watchSubdirs() // before Load: a change after it is seen
 			cfg, err := Load(w.path, w.opt)
 			select {
 			case <-w.done:

@@ -341,13 +341,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	return runErr
 }
 
-// warnConfig logs what a valid config may be missing: files in
-// subdirectories (the reference reads them, ringlimit does not), or no
-// domain at all (every request is then answered OK).
+// warnConfig logs what a valid config may be missing: a domain (without
+// one every request is answered OK).
 func warnConfig(log *slog.Logger, path string, cfg *rls.Config) {
-	if dirs := cfg.SkippedDirs(); len(dirs) > 0 {
-		log.Warn("config: subdirectories not read (envoyproxy/ratelimit reads them): move their files up into the config directory", "config", path, "dirs", strings.Join(dirs, ","))
-	}
 	if len(cfg.Domains()) == 0 {
 		log.Warn("config: no domain loaded: every request is answered OK", "config", path)
 	}
