@@ -184,9 +184,6 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	svc.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	for _, name := range []string{"", "ratelimit"} {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
 
 	watcher, err := rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
 		func(cfg *rls.Config) {
@@ -199,9 +196,13 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 
 	var stopping atomic.Bool
-	ready := func() bool {
-		return !stopping.Load() && (node == nil || node.ready())
-	}
+	hc := newHealthState(hs, func() bool {
+		// With --healthy-with-config, a config without a domain is not
+		// ready, as in the reference.
+		return !stopping.Load() && (node == nil || node.ready()) &&
+			(!c.HealthyWithConfig || len(svc.Config().Domains()) > 0)
+	})
+	ready := hc.Ready
 	debugMux := http.NewServeMux()
 	debugMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	debugMux.Handle("/rlconfig", svc.ConfigHandler())
@@ -253,28 +254,20 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		}
 	}()
 
-	// Health follows readiness (config loaded, cluster joined).
+	// /healthcheck and gRPC health follow readiness (config loaded, cluster
+	// joined, not stopping) together.
+	hc.update()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		serving := false
 		for {
 			select {
 			case <-sweepCtx.Done():
 				return
 			case <-t.C:
-				if r := ready(); r != serving {
-					serving = r
-					st := healthpb.HealthCheckResponse_NOT_SERVING
-					if r {
-						st = healthpb.HealthCheckResponse_SERVING
-					}
-					for _, name := range []string{"", "ratelimit"} {
-						hs.SetServingStatus(name, st)
-					}
-				}
+				hc.update()
 			}
 		}
 	}()
@@ -298,6 +291,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// Drain: stop answering ready, hand counters off and leave the cluster,
 	// then finish in-flight calls.
 	stopping.Store(true)
+	hc.update()
 	hs.Shutdown()
 	deadline, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
