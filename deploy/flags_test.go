@@ -167,6 +167,7 @@ func TestMigrationEnvVars(t *testing.T) {
 		{[]string{"LOG_LEVEL=fatal"}, map[string]string{"LogLevel": "fatal"}},
 		{[]string{"SHADOW_MODE=true"}, map[string]string{"ShadowMode": "true"}},
 		{[]string{"QUOTA_MODE=true"}, map[string]string{"QuotaMode": "true"}},
+		{[]string{"RESPONSE_DYNAMIC_METADATA=true"}, map[string]string{"DynamicMetadata": "true"}},
 		{[]string{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true"}, map[string]string{"HealthyWithConfig": "true"}},
 		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"StopIncrement": "true"}},
 		{[]string{"NEAR_LIMIT_RATIO=0.9"}, map[string]string{"NearLimitRatio": "0.9"}},

@@ -14,6 +14,7 @@ import (
 	"strings"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ringlimit/ringlimit/bucket"
 )
@@ -55,6 +56,10 @@ type Rule struct {
 	// when every quota-mode descriptor of the request is over (see
 	// Options.QuotaMode).
 	QuotaMode bool
+	// Metadata is the descriptor's metadata, returned in the response's
+	// dynamic metadata (Options.DynamicMetadata); nil if none. It must not
+	// be modified.
+	Metadata *structpb.Struct
 	// DetailedMetric is the descriptor's detailed_metric.
 	DetailedMetric bool
 	// SharedCounter is true when a descriptor on the rule's path has

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
 )
 
@@ -40,9 +41,9 @@ type LoadOptions struct {
 // token_bucket, in any case) and burst (token_bucket only, at least 1,
 // default requests_per_unit); a rule using them carries Rule.Extension. Units are second,
 // minute, hour, day, week, month and year, in any case. A descriptor's
-// quota_mode sets Rule.QuotaMode; the newer reference fields value_to_metric
-// and metadata are accepted and ignored, and so are quota_mode and metadata
-// inside rate_limit, as the reference does;
+// quota_mode sets Rule.QuotaMode and its metadata Rule.Metadata; the newer
+// reference field value_to_metric is accepted and ignored, and so are
+// quota_mode and metadata inside rate_limit, as the reference does;
 // share_threshold (only on a value containing '*', as the reference checks)
 // makes every value the pattern matches count on one counter (see
 // Rule.SharedCounter). Any other key is an error, at any level.
@@ -109,7 +110,8 @@ type cfgDesc struct {
 	key, value string
 	rate       *cfgRate // nil: no rate_limit
 	shadow     bool
-	quota      bool // quota_mode
+	quota      bool             // quota_mode
+	meta       *structpb.Struct // metadata; nil if none
 	detailed   bool
 	share      bool // share_threshold (value contains '*')
 	children   []*cfgDesc
@@ -463,7 +465,7 @@ func (p *cfgParser) descriptor(n *yaml.Node, path string, depth int) *cfgDesc {
 		case "quota_mode":
 			d.quota = p.boolean(pr.val, fp)
 		case "metadata":
-			// A newer reference field: accepted, ignored, not checked.
+			d.meta = p.metadata(pr.val, fp)
 		default:
 			p.failYAML(fp, pr.line, "unknown key '%s'", pr.key)
 		}
@@ -646,6 +648,7 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 				RequestsPerUnit: r.rpu,
 				ShadowMode:      d.shadow,
 				QuotaMode:       d.quota,
+				Metadata:        d.meta,
 				DetailedMetric:  d.detailed,
 				SharedCounter:   shared,
 			}

@@ -97,6 +97,11 @@ type Options struct {
 	// QuotaMode treats every rule as a quota_mode rule (the reference's
 	// QUOTA_MODE): see Rule.QuotaMode.
 	QuotaMode bool
+	// DynamicMetadata sets the response's dynamic_metadata, as the
+	// reference's RESPONSE_DYNAMIC_METADATA: the domain, the descriptors
+	// and the metadata of the rules that were not over their limit (see
+	// dynamicMetadata).
+	DynamicMetadata bool
 	// StopIncrementWhenOverLimit: when a request would put any of its
 	// descriptors over the limit, only those descriptors count its hits
 	// (as in envoyproxy/ratelimit): the others consume nothing.
@@ -338,6 +343,9 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
 		}
+		if s.opt.DynamicMetadata {
+			resp.DynamicMetadata = dynamicMetadata(req, nil, resp.Statuses)
+		}
 		return resp, nil
 	}
 
@@ -447,6 +455,9 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	}
 	if s.opt.ResponseHeaders {
 		resp.ResponseHeadersToAdd = s.headers(resp.Statuses, sc.rules)
+	}
+	if s.opt.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, sc.rules, resp.Statuses)
 	}
 	if s.opt.ShadowMode {
 		resp.OverallCode = pb.RateLimitResponse_OK

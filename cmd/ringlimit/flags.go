@@ -31,6 +31,8 @@ type serveConfig struct {
 
 	ShadowMode bool
 	QuotaMode  bool
+	// DynamicMetadata: RESPONSE_DYNAMIC_METADATA.
+	DynamicMetadata bool
 	// HealthyWithConfig: not ready while the config holds no domain.
 	HealthyWithConfig bool
 	StopIncrement     bool
@@ -196,6 +198,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.LogFormat, "log-format", "text", "log format: text or json", plainEnv("LOG_FORMAT"))
 	boolean(&c.ShadowMode, "shadow-mode", false, "global shadow mode: count as usual but always answer OK overall", plainEnv("SHADOW_MODE"))
 	boolean(&c.HealthyWithConfig, "healthy-with-config", false, "not ready (/healthcheck 500, gRPC health NOT_SERVING) while the loaded config holds no domain", plainEnv("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"))
+	boolean(&c.DynamicMetadata, "response-dynamic-metadata", false, "set the response's dynamic_metadata: domain, descriptors and the metadata of the rules not over their limit", plainEnv("RESPONSE_DYNAMIC_METADATA"))
 	boolean(&c.QuotaMode, "quota-mode", false, "global quota mode: every rule is a quota_mode rule (over-limit statuses stay, the overall code is OVER_LIMIT only from rules not in quota mode or when every quota-mode descriptor is over)", plainEnv("QUOTA_MODE"))
 	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "when a request would put some descriptors over their limit, only those count its hits", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
 	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", 0.8, "fraction of a limit above which hits count as near_limit")

@@ -166,6 +166,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	svc, err := rls.NewService(rls.Options{
 		ShadowMode:                 c.ShadowMode,
 		QuotaMode:                  c.QuotaMode,
+		DynamicMetadata:            c.DynamicMetadata,
 		StopIncrementWhenOverLimit: c.StopIncrement,
 		NearLimitRatio:             c.NearLimitRatio,
 		ResponseHeaders:            c.ResponseHeaders,
