@@ -584,3 +584,34 @@ descriptors:
 	// ratelimit.remote_address.PATH 100 MINUTE
 	// rls: ratelimit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'
 }
+
+// TestParseDepthBound: descriptors nested 64 levels deep load; one level
+// more is an error naming the file, as is metadata nested deeper than 64.
+func TestParseDepthBound(t *testing.T) {
+	nest := func(levels int) string {
+		s := "{key: k, rate_limit: {unit: minute, requests_per_unit: 1}}"
+		for range levels - 1 {
+			s = "{key: k, descriptors: [" + s + "]}"
+		}
+		return "domain: d\ndescriptors: [" + s + "]\n"
+	}
+	c, err := Parse("deep.yaml", []byte(nest(cfgMaxDepth)))
+	if err != nil {
+		t.Fatalf("%d levels: %v", cfgMaxDepth, err)
+	}
+	if n := len(c.Rules()); n != 1 {
+		t.Fatalf("%d levels: %d rules, want 1", cfgMaxDepth, n)
+	}
+	if _, err := Parse("deep.yaml", []byte(nest(cfgMaxDepth+1))); err == nil ||
+		!strings.Contains(err.Error(), "rls: deep.yaml: ") || !strings.Contains(err.Error(), "descriptors nested deeper than 64 levels") {
+		t.Fatalf("%d levels: err = %v", cfgMaxDepth+1, err)
+	}
+	meta := "1"
+	for range cfgMaxDepth + 1 {
+		meta = "{m: " + meta + "}"
+	}
+	_, err = Parse("meta.yaml", []byte("domain: d\ndescriptors: [{key: k, metadata: "+meta+"}]\n"))
+	if err == nil || !strings.Contains(err.Error(), "metadata nested deeper than 64 levels") {
+		t.Fatalf("deep metadata: err = %v", err)
+	}
+}
