@@ -24,14 +24,15 @@ func (s *Service) maxJSONBody() int64 {
 }
 
 // HTTPHandler serves the reference's HTTP API: /healthcheck answers 200 "OK"
-// while ready() is true (503 otherwise), and /json decides a protojson
-// RateLimitRequest (camelCase or snake_case), answering 200 when OK, 429
-// when over the limit and 400 for a bad body.
+// while ready() is true (500 otherwise, as the reference does), and /json
+// decides a protojson RateLimitRequest (camelCase or snake_case) sent with
+// any method, answering 200 when OK, 429 when over the limit and 400 for a
+// bad body.
 func (s *Service) HTTPHandler(ready func() bool) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
 		if ready != nil && !ready() {
-			http.Error(w, "NOT READY", http.StatusServiceUnavailable)
+			http.Error(w, "NOT READY", http.StatusInternalServerError)
 			return
 		}
 		io.WriteString(w, "OK")
@@ -48,11 +49,6 @@ func (s *Service) HTTPHandler(ready func() bool) http.Handler {
 const MaxJSONInFlight = 16
 
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "rls: /json takes a POST", http.StatusMethodNotAllowed)
-		return
-	}
 	select {
 	case s.jsonSlots <- struct{}{}:
 		defer func() { <-s.jsonSlots }()

@@ -42,6 +42,9 @@ type Watcher struct {
 	// directory often gets the inode number of the one just removed.)
 	replaced bool
 	links    map[string]string
+	// subs holds the subdirectories of a config directory that Load reads,
+	// each watched for the files Load reads in it; nil for a config file.
+	subs map[string]bool
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -55,9 +58,10 @@ type Watcher struct {
 //
 // For a directory it watches the directory itself, which also sees the
 // atomic "..data" symlink swap of a Kubernetes ConfigMap mount; dotfile
-// changes other than "..data" are ignored. For a file it watches the parent
-// directory and reacts to the file's name and "..data". Subdirectories are
-// not watched. When the watched directory is reached through symlinks (a
+// changes other than "..data" are ignored. Its subdirectories that Load reads
+// are watched alike, and the set of them is updated before each reload. For
+// a file it watches the parent directory and reacts to the file's name and
+// "..data". When the watched directory is reached through symlinks (a
 // ConfigMap item under a subdirectory, config -> ..data/config, or the
 // reference's swapped /srv/runtime_data/current), the directory holding
 // each symlink is watched too, for a swap of that link or of "..data", and
@@ -110,6 +114,10 @@ func newWatcher(w *Watcher) (*Watcher, error) {
 	w.done, w.exited = make(chan struct{}), make(chan struct{})
 	w.target, _ = filepath.EvalSymlinks(dir)
 	w.watchLinks()
+	if st.IsDir() {
+		w.subs = map[string]bool{}
+		w.watchSubdirs()
+	}
 	go w.run()
 	return w, nil
 }
@@ -145,10 +153,30 @@ func (w *Watcher) watchLinks() {
 	w.links = next
 }
 
+// watchSubdirs watches the subdirectories of the config directory that
+// Load reads now, afresh (one may be a new directory under an old name, or
+// reached through a link that was swapped), and stops watching those it no
+// longer reads. Best effort, as watchLinks.
+func (w *Watcher) watchSubdirs() {
+	if w.subs == nil {
+		return
+	}
+	for d := range w.subs {
+		_ = w.fsw.Remove(d)
+	}
+	next := map[string]bool{}
+	walkConfigDir(w.dir, func(string) {}, func(d string) {
+		if d = filepath.Clean(d); d != w.dir && w.fsw.Add(d) == nil {
+			next[d] = true
+		}
+	})
+	w.subs = next
+}
+
 // relevant reports whether an event for name may change the config.
 func (w *Watcher) relevant(name string) bool {
 	dir, base := filepath.Dir(name), filepath.Base(name)
-	if dir == w.dir {
+	if dir == w.dir || w.subs[dir] {
 		return w.filter(base)
 	}
 	if link, ok := w.links[dir]; ok {
@@ -227,6 +255,7 @@ func (w *Watcher) run() {
 		case <-timer.C:
 			pending = false
 			w.follow()
+			w.watchSubdirs() // before Load: a change after it is seen
 			if w.changed != nil {
 				w.changed()
 				continue

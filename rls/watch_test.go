@@ -82,7 +82,7 @@ func watchWriteAtomic(t *testing.T, dir, name, content string) {
 }
 
 func watchDump(domain, key string, rpu int) string {
-	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false\n"
+	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false, quota_mode: false\n"
 }
 
 func TestWatchDirectory(t *testing.T) {
@@ -127,6 +127,38 @@ func TestWatchDirectory(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
+}
+
+// TestWatchSubdirectories: files in subdirectories are watched as the
+// directory's own: an edit in an existing subdirectory, a file in a new
+// subdirectory (and a later edit of it), the removal of a subdirectory.
+func TestWatchSubdirectories(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", 1), "sub/deep/b.yaml": cfgRule("b", "j", 1)})
+	var rec watchRecorder
+	w, err := NewWatcher(dir, LoadOptions{}, rec.onLoad, rec.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	watchWriteAtomic(t, filepath.Join(dir, "sub", "deep"), "b.yaml", cfgRule("b", "j", 2))
+	want := watchDump("a", "k", 1) + watchDump("b", "j", 2)
+	watchWaitFor(t, "the edit in sub/deep", func() bool { return rec.lastDump() == want })
+
+	cfgWrite(t, dir, map[string]string{"new/c.yaml": cfgRule("c", "i", 3)})
+	want = watchDump("a", "k", 1) + watchDump("b", "j", 2) + watchDump("c", "i", 3)
+	watchWaitFor(t, "the file in a new subdirectory", func() bool { return rec.lastDump() == want })
+	watchWriteAtomic(t, filepath.Join(dir, "new"), "c.yaml", cfgRule("c", "i", 4))
+	want = watchDump("a", "k", 1) + watchDump("b", "j", 2) + watchDump("c", "i", 4)
+	watchWaitFor(t, "the edit in the new subdirectory", func() bool { return rec.lastDump() == want })
+
+	if err := os.RemoveAll(filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	want = watchDump("a", "k", 1) + watchDump("c", "i", 4)
+	watchWaitFor(t, "the removed subdirectory", func() bool { return rec.lastDump() == want })
 }
 
 // TestWatchReplacedDirectory: the config directory itself removed and

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"sync/atomic"
 	"time"
 
@@ -62,6 +63,16 @@ func (r *fwdRequest) add(index int, p *peerClient, op *bucket.Op) *fwdItem {
 	it.state.Store(fwdPending)
 	r.pending.Add(1)
 	return it
+}
+
+// forwards reports whether an item of r is for key.
+func (r *fwdRequest) forwards(key []byte) bool {
+	for _, it := range r.items[:r.n] {
+		if bytes.Equal(it.key, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // unadd takes back the last item, which was never queued.

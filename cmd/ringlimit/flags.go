@@ -29,22 +29,27 @@ type serveConfig struct {
 	LogLevel     string
 	LogFormat    string
 
-	ShadowMode      bool
-	StopIncrement   bool
-	NearLimitRatio  float64
-	ResponseHeaders bool
-	HeaderLimit     string
-	HeaderRemaining string
-	HeaderReset     string
-	MaxKeys         int
-	MaxStoreBytes   int64
-	MaxDescriptors  int
-	MaxEntries      int
-	MaxValueLen     int
-	MaxKeyLen       int
-	MaxRequestSize  int
-	ShutdownTimeout time.Duration
-	DataDir         string
+	ShadowMode bool
+	QuotaMode  bool
+	// DynamicMetadata: RESPONSE_DYNAMIC_METADATA.
+	DynamicMetadata bool
+	// HealthyWithConfig: not ready while the config holds no domain.
+	HealthyWithConfig bool
+	StopIncrement     bool
+	NearLimitRatio    float64
+	ResponseHeaders   bool
+	HeaderLimit       string
+	HeaderRemaining   string
+	HeaderReset       string
+	MaxKeys           int
+	MaxStoreBytes     int64
+	MaxDescriptors    int
+	MaxEntries        int
+	MaxValueLen       int
+	MaxKeyLen         int
+	MaxRequestSize    int
+	ShutdownTimeout   time.Duration
+	DataDir           string
 
 	NodeName string
 	// nodeNameFromHost: --node-name was not set and is the hostname.
@@ -192,7 +197,10 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error (the reference's trace counts as debug, fatal and panic as error)", plainEnv("LOG_LEVEL"))
 	str(&c.LogFormat, "log-format", "text", "log format: text or json", plainEnv("LOG_FORMAT"))
 	boolean(&c.ShadowMode, "shadow-mode", false, "global shadow mode: count as usual but always answer OK overall", plainEnv("SHADOW_MODE"))
-	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "a request over the limit on any descriptor consumes no quota", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
+	boolean(&c.HealthyWithConfig, "healthy-with-config", false, "not ready (/healthcheck 500, gRPC health NOT_SERVING) while the loaded config holds no domain", plainEnv("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"))
+	boolean(&c.DynamicMetadata, "response-dynamic-metadata", false, "set the response's dynamic_metadata: domain, descriptors and the metadata of the rules not over their limit", plainEnv("RESPONSE_DYNAMIC_METADATA"))
+	boolean(&c.QuotaMode, "quota-mode", false, "global quota mode: every rule is a quota_mode rule (over-limit statuses stay, the overall code is OVER_LIMIT only from rules not in quota mode or when every quota-mode descriptor is over)", plainEnv("QUOTA_MODE"))
+	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "when a request would put some descriptors over their limit, only those count its hits", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
 	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", 0.8, "fraction of a limit above which hits count as near_limit")
 	legacy["near-limit-ratio"] = plainEnv("NEAR_LIMIT_RATIO")
 	boolean(&c.ResponseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset headers from the most constrained descriptor", plainEnv("LIMIT_RESPONSE_HEADERS_ENABLED"))

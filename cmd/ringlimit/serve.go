@@ -165,6 +165,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	metrics := rls.NewMetrics(reg)
 	svc, err := rls.NewService(rls.Options{
 		ShadowMode:                 c.ShadowMode,
+		QuotaMode:                  c.QuotaMode,
+		DynamicMetadata:            c.DynamicMetadata,
 		StopIncrementWhenOverLimit: c.StopIncrement,
 		NearLimitRatio:             c.NearLimitRatio,
 		ResponseHeaders:            c.ResponseHeaders,
@@ -183,9 +185,6 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	svc.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	for _, name := range []string{"", "ratelimit"} {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
 
 	watcher, err := rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
 		func(cfg *rls.Config) {
@@ -198,9 +197,13 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 
 	var stopping atomic.Bool
-	ready := func() bool {
-		return !stopping.Load() && (node == nil || node.ready())
-	}
+	hc := newHealthState(hs, func() bool {
+		// With --healthy-with-config, a config without a domain is not
+		// ready, as in the reference.
+		return !stopping.Load() && (node == nil || node.ready()) &&
+			(!c.HealthyWithConfig || len(svc.Config().Domains()) > 0)
+	})
+	ready := hc.Ready
 	debugMux := http.NewServeMux()
 	debugMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	debugMux.Handle("/rlconfig", svc.ConfigHandler())
@@ -252,28 +255,20 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		}
 	}()
 
-	// Health follows readiness (config loaded, cluster joined).
+	// /healthcheck and gRPC health follow readiness (config loaded, cluster
+	// joined, not stopping) together.
+	hc.update()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		serving := false
 		for {
 			select {
 			case <-sweepCtx.Done():
 				return
 			case <-t.C:
-				if r := ready(); r != serving {
-					serving = r
-					st := healthpb.HealthCheckResponse_NOT_SERVING
-					if r {
-						st = healthpb.HealthCheckResponse_SERVING
-					}
-					for _, name := range []string{"", "ratelimit"} {
-						hs.SetServingStatus(name, st)
-					}
-				}
+				hc.update()
 			}
 		}
 	}()
@@ -297,6 +292,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// Drain: stop answering ready, hand counters off and leave the cluster,
 	// then finish in-flight calls.
 	stopping.Store(true)
+	hc.update()
 	hs.Shutdown()
 	deadline, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
@@ -340,13 +336,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	return runErr
 }
 
-// warnConfig logs what a valid config may be missing: files in
-// subdirectories (the reference reads them, ringlimit does not), or no
-// domain at all (every request is then answered OK).
+// warnConfig logs what a valid config may be missing: a domain (without
+// one every request is answered OK).
 func warnConfig(log *slog.Logger, path string, cfg *rls.Config) {
-	if dirs := cfg.SkippedDirs(); len(dirs) > 0 {
-		log.Warn("config: subdirectories not read (envoyproxy/ratelimit reads them): move their files up into the config directory", "config", path, "dirs", strings.Join(dirs, ","))
-	}
 	if len(cfg.Domains()) == 0 {
 		log.Warn("config: no domain loaded: every request is answered OK", "config", path)
 	}
