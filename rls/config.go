@@ -78,6 +78,7 @@ type Config struct {
 	rules   []*Rule  // by Index
 	dump    string
 	skipped []string // subdirectories Load did not read
+	version string   // the xDS version_info it came as; "" from files
 }
 
 // SkippedDirs lists the subdirectories of the config directory that Load did
