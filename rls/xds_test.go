@@ -3,7 +3,6 @@ package rls
 import (
 	"context"
 	"errors"
-	"net"
 	"strings"
 	"sync"
 	"testing"
@@ -12,10 +11,6 @@ import (
 	rlv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
-	cachev3 "github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	serverv3 "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	confpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
@@ -26,79 +21,25 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/rls/xdstest"
 )
 
-// xdsServer is a go-control-plane management server (ADS over a snapshot
-// cache, as Envoy Gateway runs it) on 127.0.0.1, recording the ACKs and
-// NACKs it receives.
-type xdsServer struct {
-	addr  string
-	cache cachev3.SnapshotCache
-	gs    *grpc.Server
-	done  chan struct{}
-
-	mu    sync.Mutex
-	acks  []string                      // versions ACKed, in order
-	nacks []*discovery.DiscoveryRequest // NACKs, in order
-}
-
-// startXDSServer listens on addr ("127.0.0.1:0" for any port).
-func startXDSServer(t *testing.T, addr string) *xdsServer {
+// startXDSServer starts an xdstest.Server on addr, stopped at cleanup.
+func startXDSServer(t *testing.T, addr string) *xdstest.Server {
 	t.Helper()
-	lis, err := net.Listen("tcp", addr)
+	s, err := xdstest.Start(addr, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &xdsServer{addr: lis.Addr().String(), cache: cachev3.NewSnapshotCache(false, cachev3.IDHash{}, nil), done: make(chan struct{})}
-	cb := serverv3.CallbackFuncs{StreamRequestFunc: func(_ int64, req *discovery.DiscoveryRequest) error {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		switch {
-		case req.GetErrorDetail() != nil:
-			s.nacks = append(s.nacks, req)
-		case req.GetResponseNonce() != "":
-			s.acks = append(s.acks, req.GetVersionInfo())
-		}
-		return nil
-	}}
-	ctx, cancel := context.WithCancel(context.Background())
-	srv := serverv3.NewServer(ctx, s.cache, cb)
-	s.gs = grpc.NewServer()
-	discovery.RegisterAggregatedDiscoveryServiceServer(s.gs, srv)
-	go func() {
-		defer close(s.done)
-		defer cancel()
-		s.gs.Serve(lis)
-	}()
-	t.Cleanup(s.stop)
+	t.Cleanup(s.Stop)
 	return s
 }
 
-func (s *xdsServer) stop() {
-	s.gs.Stop()
-	<-s.done
-}
-
-// set publishes version for node.
-func (s *xdsServer) set(t *testing.T, node, version string, cfgs ...*confpb.RateLimitConfig) {
+func setXDS(t *testing.T, s *xdstest.Server, node, version string, cfgs ...*confpb.RateLimitConfig) {
 	t.Helper()
-	res := make([]types.Resource, len(cfgs))
-	for i, c := range cfgs {
-		res[i] = c
-	}
-	snap, err := cachev3.NewSnapshot(version, map[resource.Type][]types.Resource{resource.RateLimitConfigType: res})
-	if err != nil {
+	if err := s.Set(node, version, cfgs...); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.cache.SetSnapshot(context.Background(), node, snap); err != nil {
-		t.Fatal(err)
-	}
-}
-
-func (s *xdsServer) counts() (acks []string, nacks int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.acks...), len(s.nacks)
 }
 
 // rlc is a RateLimitConfig with one descriptor key=value limited to rpu a
@@ -291,20 +232,20 @@ func TestXDSClientAgainstGoControlPlane(t *testing.T) {
 	before := goleak.IgnoreCurrent()
 	t.Cleanup(func() { goleak.VerifyNone(t, before) }) // after the other cleanups
 	srv := startXDSServer(t, "127.0.0.1:0")
-	srv.set(t, "other-node", "9", rlc("x", "wrong", "k", "", 1))
-	f := newXDSFixture(t, srv.addr, XDSBackoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Factor: 2})
+	setXDS(t, srv, "other-node", "9", rlc("x", "wrong", "k", "", 1))
+	f := newXDSFixture(t, srv.Addr, XDSBackoff{Initial: 50 * time.Millisecond, Max: 100 * time.Millisecond, Factor: 2})
 
-	srv.set(t, "node-a", "1", rlc("r", "d", "k", "v", 10))
+	setXDS(t, srv, "node-a", "1", rlc("r", "d", "k", "v", 10))
 	waitUntil(t, 10*time.Second, "version 1 applied and ACKed", func() bool {
 		v, _, _ := f.last()
-		acks, _ := srv.counts()
+		acks := srv.ACKs()
 		return v == "1" && len(acks) > 0 && acks[len(acks)-1] == "1"
 	})
 	if testutil.ToFloat64(f.metrics.version.WithLabelValues("1")) != 1 || testutil.ToFloat64(f.metrics.connected) != 1 {
 		t.Fatal("version_info{version=1} or connected is not 1")
 	}
 
-	srv.set(t, "node-a", "2", rlc("r", "d", "k", "v", 20), rlc("s", "e", "k", "", 1))
+	setXDS(t, srv, "node-a", "2", rlc("r", "d", "k", "v", 20), rlc("s", "e", "k", "", 1))
 	waitUntil(t, 5*time.Second, "version 2 applied", func() bool { v, _, _ := f.last(); return v == "2" })
 	_, cfg, _ := f.last()
 	if len(cfg.Domains()) != 2 || cfg.Rules()[0].RequestsPerUnit != 20 {
@@ -316,19 +257,17 @@ func TestXDSClientAgainstGoControlPlane(t *testing.T) {
 
 	bad := rlc("r", "d", "k", "v", 30)
 	bad.Descriptors[0].RateLimit.Unit = confpb.RateLimitUnit_UNKNOWN
-	srv.set(t, "node-a", "3", bad)
-	waitUntil(t, 5*time.Second, "version 3 NACKed", func() bool { _, n := srv.counts(); return n > 0 })
-	srv.mu.Lock()
-	nack := srv.nacks[0]
-	srv.mu.Unlock()
+	setXDS(t, srv, "node-a", "3", bad)
+	waitUntil(t, 5*time.Second, "version 3 NACKed", func() bool { return len(srv.NACKs()) > 0 })
+	nack := srv.NACKs()[0]
 	if nack.GetVersionInfo() != "2" || !strings.Contains(nack.GetErrorDetail().GetMessage(), `xds RateLimitConfig "r": descriptors[0].rate_limit.unit: invalid rate limit unit 'UNKNOWN'`) {
 		t.Fatalf("NACK version %q, detail %q", nack.GetVersionInfo(), nack.GetErrorDetail().GetMessage())
 	}
 	// The server re-sends the rejected version at once after each NACK:
 	// the repeats are paced and reported once.
 	start := time.Now()
-	waitUntil(t, 5*time.Second, "the rejected version re-sent and NACKed again", func() bool { _, n := srv.counts(); return n >= 3 })
-	_, n := srv.counts()
+	waitUntil(t, 5*time.Second, "the rejected version re-sent and NACKed again", func() bool { return len(srv.NACKs()) >= 3 })
+	n := len(srv.NACKs())
 	if max := 2 + int(time.Since(start)/xdsRenackDelay); n > max {
 		t.Fatalf("%d NACKs in %v, want at most %d", n, time.Since(start), max)
 	}
@@ -336,18 +275,18 @@ func TestXDSClientAgainstGoControlPlane(t *testing.T) {
 		t.Fatalf("after the bad version: applied %q, %d rejections reported; want 2 and 1", v, rejected)
 	}
 
-	srv.set(t, "node-a", "4", rlc("r", "d", "k", "v", 40))
+	setXDS(t, srv, "node-a", "4", rlc("r", "d", "k", "v", 40))
 	waitUntil(t, 5*time.Second, "version 4 applied after the bad one", func() bool { v, _, _ := f.last(); return v == "4" })
 
 	// The server goes away: nothing changes; a new one (versions from 1
 	// again) is applied.
-	srv.stop()
+	srv.Stop()
 	waitUntil(t, 5*time.Second, "disconnected", func() bool { return testutil.ToFloat64(f.metrics.connected) == 0 })
 	if v, _, _ := f.last(); v != "4" {
 		t.Fatalf("applied %q after the server left", v)
 	}
-	srv2 := startXDSServer(t, srv.addr)
-	srv2.set(t, "node-a", "1", rlc("r", "d", "k", "v", 50))
+	srv2 := startXDSServer(t, srv.Addr)
+	setXDS(t, srv2, "node-a", "1", rlc("r", "d", "k", "v", 50))
 	waitUntil(t, 10*time.Second, "version 1 of the new server applied", func() bool {
 		_, c, _ := f.last()
 		return c.Version() == "1" && c.Rules()[0].RequestsPerUnit == 50
