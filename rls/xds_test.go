@@ -319,3 +319,39 @@ func TestServiceUnconfigured(t *testing.T) {
 		t.Fatalf("after SetConfig: %v, %v", resp, err)
 	}
 }
+
+// FuzzConfigFromXDS feeds arbitrary bytes as a RateLimitConfig resource:
+// conversion never panics, and a config it accepts has the resource's
+// domain only and converts the same way twice.
+func FuzzConfigFromXDS(f *testing.F) {
+	for _, m := range []*confpb.RateLimitConfig{
+		rlc("r", "d", "k", "v", 3),
+		{Name: "n", Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "a", Value: "x*", Descriptors: []*confpb.RateLimitDescriptor{
+			{Key: "b", RateLimit: &confpb.RateLimitPolicy{Unit: 7, RequestsPerUnit: 2, Name: "b", Replaces: []*confpb.RateLimitReplace{{Name: "c"}}}}}}}},
+		{Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "u", RateLimit: &confpb.RateLimitPolicy{Unlimited: true}}}},
+	} {
+		b, err := proto.Marshal(m)
+		if err != nil {
+			f.Fatal(err)
+		}
+		f.Add(b)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		res := []*anypb.Any{{TypeUrl: XDSTypeURL, Value: b}}
+		cfg, err := ConfigFromXDS("v", res, LoadOptions{})
+		if err != nil {
+			return
+		}
+		var m confpb.RateLimitConfig
+		if err := proto.Unmarshal(b, &m); err != nil {
+			t.Fatalf("accepted bytes that do not unmarshal: %v", err)
+		}
+		if d := cfg.Domains(); len(d) != 1 || d[0] != m.GetDomain() {
+			t.Fatalf("domains %q, want [%q]", d, m.GetDomain())
+		}
+		again, err := ConfigFromXDS("v", res, LoadOptions{})
+		if err != nil || again.Dump() != cfg.Dump() {
+			t.Fatalf("second conversion: %v, dump %q vs %q", err, again.Dump(), cfg.Dump())
+		}
+	})
+}
