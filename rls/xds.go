@@ -208,6 +208,7 @@ func (c *XDSClient) run(ctx context.Context) {
 	c.log.Info("xds: subscribing to rate limit configs", "server", c.opt.Server, "node_id", c.opt.NodeID)
 	var st xdsState
 	attempt := 0
+	lastErr := ""
 	for {
 		received, err := c.stream(ctx, &st)
 		c.m.connected.Set(0)
@@ -223,7 +224,15 @@ func (c *XDSClient) run(ctx context.Context) {
 			attempt++
 		}
 		c.m.streamErrors.Inc()
-		c.log.Warn("xds: stream to the management server ended; keeping the last config", "server", c.opt.Server, "err", err, "retry_in", wait)
+		// The same failure again and again (a server away for long) is
+		// logged once at Warn, then at Debug.
+		level := slog.LevelWarn
+		if msg := fmt.Sprint(err); !received && msg == lastErr {
+			level = slog.LevelDebug
+		} else {
+			lastErr = msg
+		}
+		c.log.Log(ctx, level, "xds: no stream to the management server; the config in use stays", "server", c.opt.Server, "err", err, "retry_in", wait)
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
