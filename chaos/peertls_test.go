@@ -24,7 +24,8 @@ import (
 )
 
 // writeTestPKI writes a CA (ca.pem) and one peer certificate per name
-// (name.crt, name.key, for server and client use on 127.0.0.1) into dir and
+// (name.crt, name.key, for server and client use on 127.0.0.1 and as the
+// DNS name name) into dir and
 // returns the CA's pool.
 func writeTestPKI(t *testing.T, dir string, names ...string) *x509.CertPool {
 	t.Helper()
@@ -59,6 +60,7 @@ func writeTestPKI(t *testing.T, dir string, names ...string) *x509.CertPool {
 			KeyUsage:    x509.KeyUsageDigitalSignature,
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+			DNSNames:    []string{name},
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 		if err != nil {

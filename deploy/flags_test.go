@@ -251,7 +251,7 @@ func TestMigrationEnvVars(t *testing.T) {
 		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_CACERT is set, but ringlimit does not verify RLS client certificates"},
 		{"GRPC_CLIENT_TLS_SAN=envoy", "GRPC_CLIENT_TLS_SAN is set"},
 		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
-		{"CONFIG_TYPE=GRPC_XDS_SOTW", `CONFIG_TYPE="GRPC_XDS_SOTW": ringlimit reads its config from files only`},
+		{"CONFIG_TYPE=GRPC_XDS_DELTA", `--config-type: unknown type "GRPC_XDS_DELTA" (FILE or GRPC_XDS_SOTW)`},
 		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number from 0 to 65535`},
 		{"SHADOW_MODE=yes", `SHADOW_MODE="yes": parse error`},
 	} {

@@ -1,7 +1,8 @@
 // Package rls is ringlimit's Envoy rate limit service (RLS v3): it owns the
-// envoyproxy/ratelimit configuration (YAML files, validation, the descriptor
-// match tree, reloading on change), the counter key codec, and the service
-// that answers ShouldRateLimit.
+// envoyproxy/ratelimit configuration (YAML files or RateLimitConfig
+// resources from an xDS server, validation, the descriptor match tree,
+// reloading on change), the counter key codec, and the service that answers
+// ShouldRateLimit.
 //
 // A *Config and everything reachable from it (Domain, Rule) is immutable once
 // Load or Parse returns it, and is safe for concurrent use; a reload builds a
@@ -87,6 +88,7 @@ type Config struct {
 	names   []string // sorted domain names
 	rules   []*Rule  // by Index
 	dump    string
+	version string   // the xDS version_info it came as; "" from files
 }
 
 // Domain is one domain's descriptor tree. It is immutable and safe for

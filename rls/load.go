@@ -378,6 +378,11 @@ func (p *cfgParser) parseFile(data []byte) (domain string, domainLine int, descs
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
 		root = doc.Content[0]
 	}
+	return p.parseRoot(root)
+}
+
+// parseRoot parses a file's top-level mapping (nil: an empty file).
+func (p *cfgParser) parseRoot(root *yaml.Node) (domain string, domainLine int, descs []*cfgDesc) {
 	ps, ok := p.pairs(root, "")
 	if !ok {
 		return "", 0, nil
@@ -589,6 +594,21 @@ func cfgNewBuilder(merge bool) *cfgBuilder {
 func (b *cfgBuilder) addFile(file string, data []byte) {
 	p := &cfgParser{file: file, budget: cfgBaseNodes + cfgNodesPerByte*len(data)}
 	domain, domainLine, descs := p.parseFile(data)
+	b.add(p, domain, domainLine, descs)
+}
+
+// addNode adds a config given as a YAML node tree rather than as text (the
+// xDS resources, see xds_convert.go), through the same parser and checks
+// as a file; nodes is how many nodes the tree has, its budget.
+func (b *cfgBuilder) addNode(file string, root *yaml.Node, nodes int) {
+	p := &cfgParser{file: file, budget: cfgBaseNodes + nodes}
+	domain, domainLine, descs := p.parseRoot(root)
+	b.add(p, domain, domainLine, descs)
+}
+
+// add adds one parsed file to the config being built.
+func (b *cfgBuilder) add(p *cfgParser, domain string, domainLine int, descs []*cfgDesc) {
+	file := p.file
 	if domain != "" && p.budget > 0 {
 		cd := b.domains[domain]
 		switch {

@@ -118,7 +118,17 @@ type Options struct {
 	Clock func() int64
 	// Logger receives service logs; nil discards them.
 	Logger *slog.Logger
+	// Unconfigured starts the service with no configuration at all rather
+	// than an empty one: until the first SetConfig, every ShouldRateLimit
+	// that passes validation fails with ErrNoConfig (gRPC Unknown), as
+	// envoyproxy/ratelimit answers before its first xDS config.
+	Unconfigured bool
 }
+
+// ErrNoConfig is the error of a request decided before the first
+// configuration of a service started with Options.Unconfigured. It maps to
+// gRPC Unknown, with the reference's message.
+var ErrNoConfig = errors.New("no rate limit configuration loaded")
 
 // Service is the Envoy-facing RLS v3 service. It is safe for concurrent use;
 // the configuration is swapped atomically by SetConfig.
@@ -195,7 +205,9 @@ func NewService(opt Options, counter Counter, metrics *Metrics) (*Service, error
 		s.now = func() int64 { return time.Now().UnixNano() }
 	}
 	s.scratch.New = func() any { return new(requestScratch) }
-	s.state.Store(&configState{cfg: &Config{}}) // not a load: no config_load_success
+	if !opt.Unconfigured {
+		s.state.Store(&configState{cfg: &Config{}}) // not a load: no config_load_success
+	}
 	return s, nil
 }
 
@@ -220,8 +232,18 @@ func (s *Service) ConfigError(err error) {
 	s.log.Error("config reload failed, keeping the last good config", "err", err)
 }
 
-// Config returns the configuration in use.
-func (s *Service) Config() *Config { return s.state.Load().cfg }
+// Config returns the configuration in use: nil before the first SetConfig of
+// a service started with Options.Unconfigured.
+func (s *Service) Config() *Config {
+	if st := s.state.Load(); st != nil {
+		return st.cfg
+	}
+	return nil
+}
+
+// HasConfig reports whether the service has a configuration: always, unless
+// it was started with Options.Unconfigured and SetConfig was not called yet.
+func (s *Service) HasConfig() bool { return s.state.Load() != nil }
 
 // Register registers the RLS v3 service on g.
 func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
@@ -266,6 +288,8 @@ func toStatus(err error) error {
 	switch {
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrNoConfig):
+		return status.Error(codes.Unknown, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -335,6 +359,9 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	}
 	now := s.now()
 	st := s.state.Load()
+	if st == nil {
+		return nil, ErrNoConfig
+	}
 	n := len(req.Descriptors)
 	resp := newResponse(n)
 	dom := st.cfg.Domain(req.Domain)

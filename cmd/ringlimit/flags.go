@@ -67,6 +67,26 @@ type serveConfig struct {
 	GRPCTLSCert string
 	GRPCTLSKey  string
 
+	// ConfigType is FILE (--config) or GRPC_XDS_SOTW (the xDS settings below).
+	ConfigType string
+	// ForceStart: with xDS, be ready before the first config arrives.
+	ForceStart         bool
+	XDSServer          string
+	XDSNodeID          string
+	XDSNodeMetadata    string
+	XDSConnectRetry    time.Duration
+	XDSHeaders         string
+	XDSTLS             bool
+	XDSTLSCert         string
+	XDSTLSKey          string
+	XDSTLSCA           string
+	XDSTLSSAN          string
+	XDSBackoffInitial  time.Duration
+	XDSBackoffMax      time.Duration
+	XDSBackoffFactor   float64
+	XDSBackoffJitter   bool
+	XDSMaxMessageBytes int
+
 	DryRun bool
 }
 
@@ -165,9 +185,6 @@ func refusedEnv(getenv func(string) string, c *serveConfig) error {
 	if getenv("GRPC_UDS") != "" {
 		errs = append(errs, errors.New("serve: GRPC_UDS is set, but ringlimit serves gRPC on TCP only (--grpc-addr): unset it and point Envoy at the TCP port"))
 	}
-	if t := getenv("CONFIG_TYPE"); t != "" && !strings.EqualFold(t, "FILE") {
-		errs = append(errs, fmt.Errorf("serve: CONFIG_TYPE=%q: ringlimit reads its config from files only (--config)", t))
-	}
 	return errors.Join(errs...)
 }
 
@@ -227,6 +244,28 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.PeerTLSCA, "peer-tls-ca", "", "PEM CA bundle that signs every node's peer certificate", nil)
 	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", serverTLSEnv("GRPC_SERVER_TLS_CERT"))
 	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", serverTLSEnv("GRPC_SERVER_TLS_KEY"))
+	str(&c.ConfigType, "config-type", configTypeFile, "where the rate limit config comes from: FILE (--config, watched) or GRPC_XDS_SOTW (an xDS management server, --xds-*)", plainEnv("CONFIG_TYPE"))
+	boolean(&c.ForceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW: be ready at once; until the first config every request fails with gRPC Unknown (without it the node is not ready until then)", plainEnv("FORCE_START_WITHOUT_INITIAL_CONFIG"))
+	str(&c.XDSServer, "xds-server", "localhost:18000", "host:port of the xDS management server", plainEnv("CONFIG_GRPC_XDS_SERVER_URL"))
+	str(&c.XDSNodeID, "xds-node-id", "default", "node id sent to the xDS server (its snapshots are keyed by it)", plainEnv("CONFIG_GRPC_XDS_NODE_ID"))
+	str(&c.XDSNodeMetadata, "xds-node-metadata", "", "node metadata sent to the xDS server: key=value,key2=value2", plainEnv("CONFIG_GRPC_XDS_NODE_METADATA"))
+	fs.DurationVar(&c.XDSConnectRetry, "xds-connect-retry-interval", 3*time.Second, "wait between attempts to reach an xDS server that does not answer")
+	legacy["xds-connect-retry-interval"] = plainEnv("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")
+	str(&c.XDSHeaders, "xds-headers", "", "gRPC metadata sent to the xDS server: key:value,key2:value2", plainEnv("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"))
+	boolean(&c.XDSTLS, "xds-tls", false, "speak TLS to the xDS server (verified against --xds-tls-ca, or the system roots)", plainEnv("CONFIG_GRPC_XDS_SERVER_USE_TLS"))
+	str(&c.XDSTLSCert, "xds-tls-cert", "", "PEM client certificate presented to the xDS server (with --xds-tls-key; reloaded on change)", plainEnv("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"))
+	str(&c.XDSTLSKey, "xds-tls-key", "", "PEM private key of --xds-tls-cert", plainEnv("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"))
+	str(&c.XDSTLSCA, "xds-tls-ca", "", "PEM CA bundle the xDS server's certificate must chain to (default: the system roots)", plainEnv("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"))
+	str(&c.XDSTLSSAN, "xds-tls-san", "", "name the xDS server's certificate must carry (default: the host of --xds-server)", plainEnv("CONFIG_GRPC_XDS_SERVER_TLS_SAN"))
+	fs.DurationVar(&c.XDSBackoffInitial, "xds-backoff-initial", 10*time.Second, "first wait before reopening a lost xDS stream")
+	legacy["xds-backoff-initial"] = plainEnv("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")
+	fs.DurationVar(&c.XDSBackoffMax, "xds-backoff-max", time.Minute, "longest wait before reopening a lost xDS stream")
+	legacy["xds-backoff-max"] = plainEnv("XDS_CLIENT_BACKOFF_MAX_INTERVAL")
+	fs.Float64Var(&c.XDSBackoffFactor, "xds-backoff-factor", 0.5, "each wait in a row is the first times this to the power of the attempt, within [initial, max] (below 1: always the first wait)")
+	legacy["xds-backoff-factor"] = plainEnv("XDS_CLIENT_BACKOFF_RANDOM_FACTOR")
+	boolean(&c.XDSBackoffJitter, "xds-backoff-jitter", true, "draw each wait uniformly between the first wait and its value", plainEnv("XDS_CLIENT_BACKOFF_JITTER"))
+	fs.IntVar(&c.XDSMaxMessageBytes, "xds-max-message-bytes", 0, "largest xDS response accepted (0: 4 MiB)")
+	legacy["xds-max-message-bytes"] = plainEnv("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
@@ -331,6 +370,7 @@ func (c *serveConfig) validate() error {
 	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
+	errs = append(errs, c.validateConfigSource()...)
 	if len(c.ClusterName) > membership.MaxLabelLen {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}

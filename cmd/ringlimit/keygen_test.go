@@ -33,9 +33,9 @@ func TestKeygen(t *testing.T) {
 		if err := os.WriteFile(p, out.Bytes(), 0o600); err != nil {
 			t.Fatal(err)
 		}
-		key, err := readGossipKey(p)
-		if err != nil || len(key) != tc.n {
-			t.Errorf("%q: --gossip-key-file reads %d bytes, %v; want %d", tc.args, len(key), err, tc.n)
+		keys, err := readGossipKeys(p)
+		if err != nil || len(keys) != 1 || len(keys[0]) != tc.n {
+			t.Errorf("%q: --gossip-key-file reads %d keys, %v; want one of %d bytes", tc.args, len(keys), err, tc.n)
 		}
 	}
 	for _, args := range [][]string{{"--bytes", "20"}, {"--bytes", "0"}, {"extra"}} {

@@ -41,17 +41,24 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 	if len(ignored) > 0 {
 		log.Warn("ignoring envoyproxy/ratelimit settings that have no meaning here (no Redis, no statsd; metrics are on the debug listener)", "vars", strings.Join(ignored, ","))
 	}
-	cfg, err := rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
-	if err != nil {
-		for _, e := range flattenErrors(err) {
-			fmt.Fprintln(stderr, e)
+	var cfg *rls.Config // nil with xDS: it comes from the server
+	if !c.xds() {
+		cfg, err = rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
+		if err != nil {
+			for _, e := range flattenErrors(err) {
+				fmt.Fprintln(stderr, e)
+			}
+			return 1
 		}
-		return 1
+		warnConfig(log, c.Config, cfg)
 	}
-	warnConfig(log, c.Config, cfg)
 	if c.DryRun {
 		fmt.Fprintf(stdout, "%+v\n", *c)
-		fmt.Fprintf(stdout, "config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+		if cfg == nil {
+			fmt.Fprintf(stdout, "config: from the xds server %s as node %q\n", c.XDSServer, c.XDSNodeID)
+		} else {
+			fmt.Fprintf(stdout, "config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+		}
 		return 0
 	}
 	if err := serve(ctx, c, cfg, log); err != nil {
@@ -84,7 +91,8 @@ func newLogger(c *serveConfig, w io.Writer) *slog.Logger {
 // drain, before the calls and streams still open are cut.
 const stopGrace = 2 * time.Second
 
-// serve builds the node and runs it until ctx ends.
+// serve builds the node and runs it until ctx ends; cfg is nil when the
+// config comes from xDS.
 func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -120,6 +128,12 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		return err
 	}
 	tlsf.setLogger(log)
+	var xdsDial grpc.DialOption
+	if cfg == nil {
+		if xdsDial, err = c.xdsDialOption(log); err != nil {
+			return err
+		}
+	}
 	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
 	if err != nil {
 		return fmt.Errorf("serve: --grpc-addr: %w", err)
@@ -175,33 +189,54 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		HeaderReset:                c.HeaderReset,
 		Bounds: rls.Bounds{MaxDescriptors: c.MaxDescriptors, MaxEntries: c.MaxEntries, MaxValueLen: c.MaxValueLen,
 			MaxKeyLen: c.MaxKeyLen, MaxDomainLen: c.MaxKeyLen, MaxRequestSize: c.MaxRequestSize},
-		Clock:  clock,
-		Logger: log,
+		Clock:        clock,
+		Logger:       log,
+		Unconfigured: cfg == nil,
 	}, counter, metrics)
 	if err != nil {
 		return err
 	}
-	svc.SetConfig(cfg)
+	if cfg != nil {
+		svc.SetConfig(cfg)
+	}
 	svc.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
 
-	watcher, err := rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
-		func(cfg *rls.Config) {
-			svc.SetConfig(cfg)
-			log.Info("config reloaded", "domains", len(cfg.Domains()), "rules", len(cfg.Rules()))
-			warnConfig(log, c.Config, cfg)
-		}, svc.ConfigError)
-	if err != nil {
-		log.Warn("config hot reload disabled", "err", err)
+	var watcher *rls.Watcher
+	var xdsClient *rls.XDSClient
+	if cfg != nil {
+		watcher, err = rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
+			func(cfg *rls.Config) {
+				svc.SetConfig(cfg)
+				log.Info("config reloaded", "domains", len(cfg.Domains()), "rules", len(cfg.Rules()))
+				warnConfig(log, c.Config, cfg)
+			}, svc.ConfigError)
+		if err != nil {
+			log.Warn("config hot reload disabled", "err", err)
+		}
+	} else if xdsClient, err = startXDS(c, xdsDial, svc, reg, log); err != nil {
+		if node != nil {
+			node.close()
+		}
+		grpcLis.Close()
+		httpLis.Close()
+		debugLis.Close()
+		return err
 	}
 
 	var stopping atomic.Bool
 	hc := newHealthState(hs, func() bool {
+		if stopping.Load() || (node != nil && !node.ready()) {
+			return false
+		}
+		cfg := svc.Config() // nil with xDS before the first version
+		if cfg == nil {
+			return c.ForceStart
+		}
 		// With --healthy-with-config, a config without a domain is not
 		// ready, as in the reference.
-		return !stopping.Load() && (node == nil || node.ready()) &&
-			(!c.HealthyWithConfig || len(svc.Config().Domains()) > 0)
+		return !c.HealthyWithConfig || len(cfg.Domains()) > 0
 	})
 	ready := hc.Ready
 	debugMux := http.NewServeMux()
@@ -273,9 +308,13 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		}
 	}()
 
+	source := c.Config
+	if cfg == nil {
+		source = "xds " + c.XDSServer
+	}
 	log.Info("ringlimit serving", "version", version(), "node", c.NodeName,
 		"grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(), "debug", debugLis.Addr().String(),
-		"config", c.Config, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil, "data_dir", c.DataDir)
+		"config", source, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil, "data_dir", c.DataDir)
 
 	var runErr error
 	var fatal <-chan error // a node whose identity another live member holds
@@ -326,6 +365,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 	if watcher != nil {
 		watcher.Close()
+	}
+	if xdsClient != nil {
+		xdsClient.Close()
 	}
 	if node != nil {
 		node.close()
