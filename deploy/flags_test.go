@@ -179,6 +179,11 @@ func TestMigrationEnvVars(t *testing.T) {
 		// TLS turned on the reference's way, with the certificate given ringlimit's way.
 		{[]string{"GRPC_SERVER_USE_TLS=true", "RINGLIMIT_GRPC_TLS_CERT=/tls/c.pem", "RINGLIMIT_GRPC_TLS_KEY=/tls/k.pem"},
 			map[string]string{"GRPCTLSCert": "/tls/c.pem", "GRPCTLSKey": "/tls/k.pem"}},
+		// RLS client mTLS: the reference's variables, and Envoy Gateway's CA variable.
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem", "GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_SAN=envoy"},
+			map[string]string{"GRPCTLSClientCA": "/tls/ca.pem", "GRPCTLSClientSAN": "envoy"}},
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/certs/tls.crt", "GRPC_SERVER_TLS_KEY=/certs/tls.key", "GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt"},
+			map[string]string{"GRPCTLSClientCA": "/certs/ca.crt"}},
 		// A RINGLIMIT_ variable wins over the reference's.
 		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"GRPCAddr": "127.0.0.9:9999"}},
 	} {
@@ -245,8 +250,9 @@ func TestMigrationEnvVars(t *testing.T) {
 	for _, tc := range []struct{ env, want string }{
 		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS is true but no server certificate and key are set"},
 		{"GRPC_SERVER_USE_TLS=yes", `GRPC_SERVER_USE_TLS="yes": not a boolean`},
-		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_CACERT is set, but ringlimit does not verify RLS client certificates"},
-		{"GRPC_CLIENT_TLS_SAN=envoy", "GRPC_CLIENT_TLS_SAN is set"},
+		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
+		{"GRPC_SERVER_TLS_CA_CERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
+		{"GRPC_CLIENT_TLS_SAN=envoy", "--grpc-tls-client-san (GRPC_CLIENT_TLS_SAN) needs --grpc-tls-client-ca"},
 		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
 		{"CONFIG_TYPE=GRPC_XDS_SOTW", `CONFIG_TYPE="GRPC_XDS_SOTW": ringlimit reads its config from files only`},
 		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number from 0 to 65535`},

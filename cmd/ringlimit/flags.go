@@ -61,6 +61,10 @@ type serveConfig struct {
 	PeerTLSCA   string
 	GRPCTLSCert string
 	GRPCTLSKey  string
+	// GRPCTLSClientCA and GRPCTLSClientSAN: RLS clients need a certificate
+	// (rlsmtls.go).
+	GRPCTLSClientCA  string
+	GRPCTLSClientSAN string
 
 	DryRun bool
 }
@@ -152,11 +156,6 @@ func refusedEnv(getenv func(string) string, c *serveConfig) error {
 	} else if on && (c.GRPCTLSCert == "" || c.GRPCTLSKey == "") {
 		errs = append(errs, errors.New("serve: GRPC_SERVER_USE_TLS is true but no server certificate and key are set (GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY, or --grpc-tls-cert and --grpc-tls-key)"))
 	}
-	for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
-		if getenv(name) != "" {
-			errs = append(errs, fmt.Errorf("serve: %s is set, but ringlimit does not verify RLS client certificates: unset it, or put the check in front of ringlimit (a mesh or a TLS proxy)", name))
-		}
-	}
 	if getenv("GRPC_UDS") != "" {
 		errs = append(errs, errors.New("serve: GRPC_UDS is set, but ringlimit serves gRPC on TCP only (--grpc-addr): unset it and point Envoy at the TCP port"))
 	}
@@ -219,6 +218,8 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.PeerTLSCA, "peer-tls-ca", "", "PEM CA bundle that signs every node's peer certificate", nil)
 	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", serverTLSEnv("GRPC_SERVER_TLS_CERT"))
 	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", serverTLSEnv("GRPC_SERVER_TLS_KEY"))
+	str(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle RLS clients' certificates must chain to: every RLS client then needs one (mTLS; needs --grpc-tls-cert; reloaded on change)", clientCAEnv)
+	str(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "name an RLS client's certificate must carry: a DNS name (wildcard SANs match) or IP, or a URI such as spiffe://...; needs --grpc-tls-client-ca", plainEnv("GRPC_CLIENT_TLS_SAN"))
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
@@ -323,6 +324,7 @@ func (c *serveConfig) validate() error {
 	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
+	errs = append(errs, c.validateRLSClientTLS()...)
 	if len(c.ClusterName) > membership.MaxLabelLen {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}
