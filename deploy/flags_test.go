@@ -184,6 +184,11 @@ func TestMigrationEnvVars(t *testing.T) {
 			map[string]string{"GRPCTLSClientCA": "/tls/ca.pem", "GRPCTLSClientSAN": "envoy"}},
 		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/certs/tls.crt", "GRPC_SERVER_TLS_KEY=/certs/tls.key", "GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt"},
 			map[string]string{"GRPCTLSClientCA": "/certs/ca.crt"}},
+		// OpenTelemetry tracing.
+		{[]string{"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=rl", "TRACING_SERVICE_NAMESPACE=edge", "TRACING_SERVICE_INSTANCE_ID=pod-1",
+			"TRACING_SAMPLING_RATE=0.25", "TRACING_EXPORTER_PROTOCOL=grpc"},
+			map[string]string{"TracingEnabled": "true", "TracingServiceName": "rl", "TracingNamespace": "edge", "TracingInstanceID": "pod-1",
+				"TracingSamplingRate": "0.25", "TracingProtocol": "grpc"}},
 		// A RINGLIMIT_ variable wins over the reference's.
 		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"GRPCAddr": "127.0.0.9:9999"}},
 	} {
@@ -253,6 +258,8 @@ func TestMigrationEnvVars(t *testing.T) {
 		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
 		{"GRPC_SERVER_TLS_CA_CERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
 		{"GRPC_CLIENT_TLS_SAN=envoy", "--grpc-tls-client-san (GRPC_CLIENT_TLS_SAN) needs --grpc-tls-client-ca"},
+		{"TRACING_SAMPLING_RATE=2", "--tracing-sampling-rate (TRACING_SAMPLING_RATE): 2 is not in [0, 1]"},
+		{"TRACING_EXPORTER_PROTOCOL=zipkin", `unknown protocol "zipkin" (http, grpc)`},
 		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
 		{"CONFIG_TYPE=GRPC_XDS_SOTW", `CONFIG_TYPE="GRPC_XDS_SOTW": ringlimit reads its config from files only`},
 		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number from 0 to 65535`},

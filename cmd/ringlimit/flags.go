@@ -66,6 +66,14 @@ type serveConfig struct {
 	GRPCTLSClientCA  string
 	GRPCTLSClientSAN string
 
+	// OpenTelemetry tracing (tracing.go).
+	TracingEnabled      bool
+	TracingServiceName  string
+	TracingNamespace    string
+	TracingInstanceID   string
+	TracingSamplingRate float64
+	TracingProtocol     string
+
 	DryRun bool
 }
 
@@ -221,6 +229,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle RLS clients' certificates must chain to: every RLS client then needs one (mTLS; needs --grpc-tls-cert; reloaded on change)", clientCAEnv)
 	str(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "name an RLS client's certificate must carry: a DNS name (wildcard SANs match) or IP, or a URI such as spiffe://...; needs --grpc-tls-client-ca", plainEnv("GRPC_CLIENT_TLS_SAN"))
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
+	registerTracingFlags(fs, legacy, c)
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
 }
@@ -325,6 +334,7 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
 	errs = append(errs, c.validateRLSClientTLS()...)
+	errs = append(errs, c.validateTracing()...)
 	if len(c.ClusterName) > membership.MaxLabelLen {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}

@@ -245,20 +245,31 @@ func TestRLSClientTLSEnv(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			args := append([]string{"--node-name", "n"}, tt.args...)
-			c, _, err := parseServeFlags(args, environment(tt.env), nil)
-			if tt.wantErr != "" {
-				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
-					t.Fatalf("err %v, want %q", err, tt.wantErr)
-				}
+			c := parseServeWant(t, tt.args, tt.env, tt.wantErr)
+			if c == nil {
 				return
-			}
-			if err != nil {
-				t.Fatal(err)
 			}
 			if c.GRPCTLSClientCA != tt.wantCA || c.GRPCTLSClientSAN != tt.wantSAN {
 				t.Fatalf("client CA %q, SAN %q; want %q, %q", c.GRPCTLSClientCA, c.GRPCTLSClientSAN, tt.wantCA, tt.wantSAN)
 			}
 		})
 	}
+}
+
+// parseServeWant parses serve's args and env for node "n": with wantErr
+// set it checks that parsing fails saying so and returns nil, else it
+// returns the configuration.
+func parseServeWant(t *testing.T, args, env []string, wantErr string) *serveConfig {
+	t.Helper()
+	c, _, err := parseServeFlags(append([]string{"--node-name", "n"}, args...), environment(env), nil)
+	if wantErr != "" {
+		if err == nil || !strings.Contains(err.Error(), wantErr) {
+			t.Fatalf("err %v, want %q", err, wantErr)
+		}
+		return nil
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
