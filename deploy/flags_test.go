@@ -182,6 +182,16 @@ func TestMigrationEnvVars(t *testing.T) {
 		// TLS turned on the reference's way, with the certificate given ringlimit's way.
 		{[]string{"GRPC_SERVER_USE_TLS=true", "RINGLIMIT_GRPC_TLS_CERT=/tls/c.pem", "RINGLIMIT_GRPC_TLS_KEY=/tls/k.pem"},
 			map[string]string{"GRPCTLSCert": "/tls/c.pem", "GRPCTLSKey": "/tls/k.pem"}},
+		// RLS client mTLS: the reference's variables, and Envoy Gateway's CA variable.
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem", "GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_SAN=envoy"},
+			map[string]string{"GRPCTLSClientCA": "/tls/ca.pem", "GRPCTLSClientSAN": "envoy"}},
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/certs/tls.crt", "GRPC_SERVER_TLS_KEY=/certs/tls.key", "GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt"},
+			map[string]string{"GRPCTLSClientCA": "/certs/ca.crt"}},
+		// OpenTelemetry tracing.
+		{[]string{"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=rl", "TRACING_SERVICE_NAMESPACE=edge", "TRACING_SERVICE_INSTANCE_ID=pod-1",
+			"TRACING_SAMPLING_RATE=0.25", "TRACING_EXPORTER_PROTOCOL=grpc"},
+			map[string]string{"TracingEnabled": "true", "TracingServiceName": "rl", "TracingNamespace": "edge", "TracingInstanceID": "pod-1",
+				"TracingSamplingRate": "0.25", "TracingProtocol": "grpc"}},
 		// A RINGLIMIT_ variable wins over the reference's.
 		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"GRPCAddr": "127.0.0.9:9999"}},
 	} {
@@ -248,8 +258,11 @@ func TestMigrationEnvVars(t *testing.T) {
 	for _, tc := range []struct{ env, want string }{
 		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS is true but no server certificate and key are set"},
 		{"GRPC_SERVER_USE_TLS=yes", `GRPC_SERVER_USE_TLS="yes": not a boolean`},
-		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_CACERT is set, but ringlimit does not verify RLS client certificates"},
-		{"GRPC_CLIENT_TLS_SAN=envoy", "GRPC_CLIENT_TLS_SAN is set"},
+		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
+		{"GRPC_SERVER_TLS_CA_CERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
+		{"GRPC_CLIENT_TLS_SAN=envoy", "--grpc-tls-client-san (GRPC_CLIENT_TLS_SAN) needs --grpc-tls-client-ca"},
+		{"TRACING_SAMPLING_RATE=2", "--tracing-sampling-rate (TRACING_SAMPLING_RATE): 2 is not in [0, 1]"},
+		{"TRACING_EXPORTER_PROTOCOL=zipkin", `unknown protocol "zipkin" (http, grpc)`},
 		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
 		{"CONFIG_TYPE=GRPC_XDS_DELTA", `--config-type: unknown type "GRPC_XDS_DELTA" (FILE or GRPC_XDS_SOTW)`},
 		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number from 0 to 65535`},

@@ -88,7 +88,7 @@ type Config struct {
 	names   []string // sorted domain names
 	rules   []*Rule  // by Index
 	dump    string
-	version string   // the xDS version_info it came as; "" from files
+	version string // the xDS version_info it came as; "" from files
 }
 
 // Domain is one domain's descriptor tree. It is immutable and safe for

@@ -148,7 +148,11 @@ func (f *Forwarder) round(ctx context.Context, now, deadline int64, ops []bucket
 			req.deadline, req.wait, req.relayed = deadline, wait, relayed
 		}
 		it := req.add(i, p, op)
+		if f.tracer != nil {
+			f.startForward(ctx, it)
+		}
 		if ok, closed := p.enqueue(it); !ok {
+			it.endForward(outcomeNotSent, bucket.Result{}, nil)
 			req.unadd()
 			if closed {
 				f.fallback(now, op, &results[i], f.m.fbUnknown)
@@ -214,6 +218,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 				it.peer.noteFailure("timeout", nil)
 				late = it.peer
 			}
+			it.endForward(outcomeTimeout, bucket.Result{}, nil)
 			f.fallback(now, &ops[i], &results[i], f.m.fbTimeout)
 			continue
 		}
@@ -227,9 +232,11 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 					late = it.peer
 				}
 			}
+			it.endForward(outcomeError, bucket.Result{}, it.err)
 			f.fallback(now, &ops[i], &results[i], c)
 			continue
 		}
+		it.endForward(outcomeAnswered, it.res, nil)
 		results[i] = it.res
 		if ac != nil {
 			ac.Remember(now, &ops[i], it.res)

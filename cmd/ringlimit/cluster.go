@@ -10,6 +10,7 @@ import (
 
 	sockaddr "github.com/hashicorp/go-sockaddr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
@@ -28,8 +29,9 @@ type clusterNode struct {
 // startCluster joins the cluster named by --join. grpcAddr is the bound gRPC
 // listener; peers dial it at the advertised host, with dial (nil:
 // plaintext). restore, if not nil, loads the counters saved in --data-dir:
-// the node calls it before it syncs from its peers and goes ready.
-func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption, restore func(context.Context) error) (*clusterNode, error) {
+// the node calls it before it syncs from its peers and goes ready. tracer,
+// if not nil, traces forwarded decisions.
+func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption, restore func(context.Context) error, tracer trace.Tracer) (*clusterNode, error) {
 	adv, err := advertisedGRPC(c, grpcAddr)
 	if err != nil {
 		return nil, err
@@ -62,6 +64,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		DialOptions: dial,
 		Registerer:  reg,
 		Logger:      log,
+		Tracer:      tracer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("serve: cluster: %w", err)

@@ -66,6 +66,18 @@ type serveConfig struct {
 	PeerTLSCA   string
 	GRPCTLSCert string
 	GRPCTLSKey  string
+	// GRPCTLSClientCA and GRPCTLSClientSAN: RLS clients need a certificate
+	// (rlsmtls.go).
+	GRPCTLSClientCA  string
+	GRPCTLSClientSAN string
+
+	// OpenTelemetry tracing (tracing.go).
+	TracingEnabled      bool
+	TracingServiceName  string
+	TracingNamespace    string
+	TracingInstanceID   string
+	TracingSamplingRate float64
+	TracingProtocol     string
 
 	// ConfigType is FILE (--config) or GRPC_XDS_SOTW (the xDS settings below).
 	ConfigType string
@@ -177,11 +189,6 @@ func refusedEnv(getenv func(string) string, c *serveConfig) error {
 	} else if on && (c.GRPCTLSCert == "" || c.GRPCTLSKey == "") {
 		errs = append(errs, errors.New("serve: GRPC_SERVER_USE_TLS is true but no server certificate and key are set (GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY, or --grpc-tls-cert and --grpc-tls-key)"))
 	}
-	for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
-		if getenv(name) != "" {
-			errs = append(errs, fmt.Errorf("serve: %s is set, but ringlimit does not verify RLS client certificates: unset it, or put the check in front of ringlimit (a mesh or a TLS proxy)", name))
-		}
-	}
 	if getenv("GRPC_UDS") != "" {
 		errs = append(errs, errors.New("serve: GRPC_UDS is set, but ringlimit serves gRPC on TCP only (--grpc-addr): unset it and point Envoy at the TCP port"))
 	}
@@ -266,7 +273,10 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	boolean(&c.XDSBackoffJitter, "xds-backoff-jitter", true, "draw each wait uniformly between the first wait and its value", plainEnv("XDS_CLIENT_BACKOFF_JITTER"))
 	fs.IntVar(&c.XDSMaxMessageBytes, "xds-max-message-bytes", 0, "largest xDS response accepted (0: 4 MiB)")
 	legacy["xds-max-message-bytes"] = plainEnv("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
+	str(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle RLS clients' certificates must chain to: every RLS client then needs one (mTLS; needs --grpc-tls-cert; reloaded on change)", clientCAEnv)
+	str(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "name an RLS client's certificate must carry: a DNS name (wildcard SANs match) or IP, or a URI such as spiffe://...; needs --grpc-tls-client-ca", plainEnv("GRPC_CLIENT_TLS_SAN"))
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
+	registerTracingFlags(fs, legacy, c)
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
 }
@@ -371,6 +381,8 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
 	errs = append(errs, c.validateConfigSource()...)
+	errs = append(errs, c.validateRLSClientTLS()...)
+	errs = append(errs, c.validateTracing()...)
 	if len(c.ClusterName) > membership.MaxLabelLen {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}

@@ -92,7 +92,7 @@ func TestGossipKeyFileReload(t *testing.T) {
 	}
 	var logs syncBuffer
 	reg := prometheus.NewRegistry()
-	n, err := startCluster(c, "127.0.0.1:0", bucket.NewStore(bucket.StoreConfig{}), reg, slog.New(slog.NewTextHandler(&logs, nil)), nil, nil)
+	n, err := startCluster(c, "127.0.0.1:0", bucket.NewStore(bucket.StoreConfig{}), reg, slog.New(slog.NewTextHandler(&logs, nil)), nil, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

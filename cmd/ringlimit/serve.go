@@ -127,6 +127,15 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	if err != nil {
 		return err
 	}
+	tr, err := newTracing(c, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), tracingFlushTimeout)
+		defer cancel()
+		tr.shutdown(ctx, log)
+	}()
 	tlsf.setLogger(log)
 	var xdsDial grpc.DialOption
 	if cfg == nil {
@@ -153,7 +162,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	var node *clusterNode
 	var members aliveLister
 	if len(c.joinList()) > 0 {
-		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions(), restore)
+		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions(), restore, tr.tracerOrNil())
 		if err != nil {
 			grpcLis.Close()
 			httpLis.Close()
@@ -170,8 +179,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// one of small repeated fields decodes to a hundred times its size.
 	// The keepalive policy lets peers (and Envoy) ping every 5 s or more
 	// and closes client connections that stop answering pings.
-	gs := grpc.NewServer(append(append(grpcServerOptions(tlsf, members), transport.ServerOptions()...),
-		grpc.MaxRecvMsgSize(max(transport.MaxMessageSize, 2*c.MaxRequestSize)))...)
+	gs := grpc.NewServer(append(append(append(grpcServerOptions(tlsf, members), transport.ServerOptions()...),
+		grpc.MaxRecvMsgSize(max(transport.MaxMessageSize, 2*c.MaxRequestSize))), tr.serverOptions()...)...)
 	if node != nil {
 		node.register(gs)
 	}
