@@ -10,6 +10,7 @@ package deploy_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -335,6 +336,26 @@ func TestEnvoyGatewayConfig(t *testing.T) {
 	}
 	if d, err := time.ParseDuration(rl.Timeout); rl.Timeout != "" && (err != nil || d < 50*time.Millisecond || d > time.Second) {
 		t.Errorf("rateLimit.timeout %q: want 50ms..1s (a decision may take a hop to its owner)", rl.Timeout)
+	}
+	// docs/migration.md's section names every variable the config adds to
+	// Envoy Gateway's, and the files of the kit.
+	doc, err := os.ReadFile(filepath.Join(repoRoot, "docs/migration.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(doc), "\n## Envoy Gateway\n")
+	if !ok {
+		t.Fatal(`docs/migration.md has no section "## Envoy Gateway"`)
+	}
+	for _, e := range c.Provider.Kubernetes.RateLimitDeployment.Container.Env {
+		if !strings.HasPrefix(e.Name, "POD_") && !strings.Contains(section, "`"+e.Name+"`") {
+			t.Errorf("docs/migration.md, Envoy Gateway: %s is not described", e.Name)
+		}
+	}
+	for _, f := range append(yamlFiles(t, egDir), egDir) {
+		if filepath.Base(f) != "kustomization.yaml" && !strings.Contains(section, filepath.Base(f)) {
+			t.Errorf("docs/migration.md, Envoy Gateway: %s is not described", f)
+		}
 	}
 	if c.Logging != nil {
 		for comp, lvl := range c.Logging.Level {
