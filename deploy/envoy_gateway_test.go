@@ -408,6 +408,9 @@ func TestEnvoyGatewayRateLimitPod(t *testing.T) {
 			ru.MaxUnavailable == nil || ru.MaxUnavailable.IntValue() != 0 || ru.MaxSurge == nil || ru.MaxSurge.IntValue() < 1 {
 			t.Errorf("strategy %+v: want a rolling update that starts a new pod before stopping an old one", d.Spec.Strategy)
 		}
+		if pdb := k.config.Provider.Kubernetes.RateLimitPDB; pdb == nil || pdb.MinAvailable != nil || pdb.MaxUnavailable == nil || pdb.MaxUnavailable.IntValue() != 1 {
+			t.Errorf("rateLimitPDB %+v: want maxUnavailable: 1 (drains stop one pod at a time)", pdb)
+		}
 		if _, ok := vars["RINGLIMIT_DATA_DIR"]; ok {
 			t.Error("RINGLIMIT_DATA_DIR: a Deployment's pods have no stable names or volumes to restore from")
 		}
