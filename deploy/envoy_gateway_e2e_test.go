@@ -147,7 +147,7 @@ func TestEnvoyGatewayE2E(t *testing.T) {
 		for _, kv := range env {
 			name, v, _ := strings.Cut(kv, "=")
 			switch {
-			case pendingEnv[name] || xdsVar(name):
+			case xdsVar(name):
 				continue
 			case strings.HasPrefix(v, "/certs/"):
 				v = filepath.Join(certDir, strings.TrimPrefix(v, "/certs/"))

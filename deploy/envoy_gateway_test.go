@@ -31,22 +31,9 @@ const (
 	egFixtures      = "testdata/envoy-gateway"
 )
 
-// pendingEnv lists the variables the pod is given that this ringlimit does
-// not read yet: the xDS config client's (set by Envoy Gateway) and RLS
-// client mTLS (set in the config). Until it does, the dry run leaves them
-// out and reads the config from files instead. Drop each name once the
-// binary reads it; an empty list makes the dry run the full check.
-var pendingEnv = map[string]bool{
-	"CONFIG_TYPE":                        true,
-	"CONFIG_GRPC_XDS_SERVER_URL":         true,
-	"CONFIG_GRPC_XDS_NODE_ID":            true,
-	"CONFIG_GRPC_XDS_SERVER_USE_TLS":     true,
-	"CONFIG_GRPC_XDS_CLIENT_TLS_CERT":    true,
-	"CONFIG_GRPC_XDS_CLIENT_TLS_KEY":     true,
-	"CONFIG_GRPC_XDS_SERVER_TLS_CACERT":  true,
-	"FORCE_START_WITHOUT_INITIAL_CONFIG": true,
-	"GRPC_CLIENT_TLS_CACERT":             true,
-}
+// referenceEnv lists the envoyproxy/ratelimit variables the config adds
+// that ringlimit reads under the reference's name.
+var referenceEnv = map[string]bool{"GRPC_CLIENT_TLS_CACERT": true}
 
 // egConfig is the part of Envoy Gateway's EnvoyGateway configuration
 // (gateway.envoyproxy.io/v1alpha1, api/v1alpha1/envoygateway_types.go) the
@@ -578,18 +565,6 @@ func TestEnvoyGatewayPodAcceptedByServe(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var run []string
-	for _, kv := range env {
-		if name, _, _ := strings.Cut(kv, "="); !pendingEnv[name] {
-			run = append(run, kv)
-		}
-	}
-	// Config arrives over xDS once CONFIG_TYPE is read; until then, from
-	// the seed example.
-	configDir := ""
-	if pendingEnv["CONFIG_TYPE"] {
-		configDir = filepath.Dir(exampleConfig)
-	}
 	args, err := podArgs(c, env)
 	if err != nil {
 		t.Fatal(err)
@@ -597,7 +572,7 @@ func TestEnvoyGatewayPodAcceptedByServe(t *testing.T) {
 	if len(args) < 2 {
 		t.Fatalf("command line %q", args)
 	}
-	got, out, err := dryRun(t, bin, args[1:], run, configDir)
+	got, out, err := dryRun(t, bin, args[1:], env, "")
 	if err != nil {
 		t.Fatalf("ringlimit refused the pod's environment: %v\n%s", err, out)
 	}
@@ -618,14 +593,17 @@ func TestEnvoyGatewayPodAcceptedByServe(t *testing.T) {
 		"ShutdownTimeout": "30s",
 		"LogLevel":        "info", // Envoy Gateway's LOG_LEVEL
 		"DataDir":         "",
+		"GRPCTLSClientCA": "/certs/ca.crt",
+		"ConfigType":      "GRPC_XDS_SOTW",
 	} {
 		if got[field] != want {
 			t.Errorf("%s = %q, want %q\n%s", field, got[field], want, out)
 		}
 	}
 	// Every variable the config adds is a serve flag's RINGLIMIT_ variable
-	// (whose effect is checked above), a pending one, or one that another
-	// variable's value refers to.
+	// (whose effect is checked above), one of the reference's that ringlimit
+	// reads (checked above too), or one that another variable's value
+	// refers to.
 	flags := serveFlagNames(t, bin)
 	refs := map[string]bool{}
 	for _, e := range k.config.Provider.Kubernetes.RateLimitDeployment.Container.Env {
@@ -640,7 +618,7 @@ func TestEnvoyGatewayPodAcceptedByServe(t *testing.T) {
 			}
 			continue
 		}
-		if !pendingEnv[e.Name] && !refs[e.Name] {
+		if !referenceEnv[e.Name] && !refs[e.Name] {
 			t.Errorf("%s: ringlimit does not read it and no other variable refers to it", e.Name)
 		}
 	}
