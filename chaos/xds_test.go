@@ -254,8 +254,8 @@ func TestXDSNotReadyBeforeFirstConfig(t *testing.T) {
 		code = resp.StatusCode
 		return true
 	})
-	if code != http.StatusServiceUnavailable {
-		t.Fatalf("/healthcheck %d before the first config, want 503", code)
+	if code != http.StatusInternalServerError {
+		t.Fatalf("/healthcheck %d before the first config, want 500", code)
 	}
 	setEG(t, srv, "n", "1", 4, false)
 	if err := n.WaitReady(10 * time.Second); err != nil {
