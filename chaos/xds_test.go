@@ -6,13 +6,17 @@ import (
 	"fmt"
 	"net/http"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	confpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/rls/xdstest"
@@ -69,8 +73,10 @@ func egEnv(server, node string) []string {
 // server: before the first config every call fails as the reference's do;
 // each version applies on every node (within a second, logged); a bad one
 // is NACKed and the last good one keeps deciding; stopping the server
-// changes nothing. The TLS variant speaks TLS 1.3 with client certificates,
-// as Envoy Gateway's server demands.
+// changes nothing. The TLS variant speaks TLS 1.3 with client certificates
+// to the xDS server, as Envoy Gateway's demands, and its RLS clients present
+// certificates too (mTLS, the CA in GRPC_SERVER_TLS_CA_CERT as Envoy Gateway
+// sets it).
 func TestXDSConfigCluster(t *testing.T) {
 	for _, tc := range []struct {
 		name string
@@ -85,6 +91,9 @@ func runXDSCluster(t *testing.T, withTLS bool) {
 	dir := t.TempDir()
 	var tlsCfg *tls.Config
 	var tlsEnv []string
+	creds := insecure.NewCredentials()
+	// perNode gives node i its flags and its variables beyond egEnv's.
+	perNode := func(int) (args, env []string) { return nil, tlsEnv }
 	if withTLS {
 		pool := writeTestPKI(t, dir, "envoy-gateway", "ratelimit")
 		cert, err := tls.LoadX509KeyPair(filepath.Join(dir, "envoy-gateway.crt"), filepath.Join(dir, "envoy-gateway.key"))
@@ -100,6 +109,27 @@ func runXDSCluster(t *testing.T, withTLS bool) {
 			"CONFIG_GRPC_XDS_SERVER_TLS_CACERT=" + filepath.Join(dir, "ca.pem"),
 			"CONFIG_GRPC_XDS_SERVER_TLS_SAN=envoy-gateway",
 		}
+		// And mTLS from the RLS clients, as Envoy Gateway's Envoys present a
+		// certificate of its CA (GRPC_SERVER_TLS_CA_CERT), with peer mTLS on
+		// a CA of its own.
+		pki, clientPKI := t.TempDir(), t.TempDir()
+		names := []string{"node0", "node1", "node2"}
+		serverPool := writeTestPKI(t, pki, names...)
+		writeTestPKI(t, clientPKI, "envoy")
+		envoy, err := tls.LoadX509KeyPair(filepath.Join(clientPKI, "envoy.crt"), filepath.Join(clientPKI, "envoy.key"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		creds = credentials.NewTLS(&tls.Config{RootCAs: serverPool, ServerName: "127.0.0.1", Certificates: []tls.Certificate{envoy}})
+		perNode = func(i int) (args, env []string) {
+			cert, key := filepath.Join(pki, names[i]+".crt"), filepath.Join(pki, names[i]+".key")
+			env = append(slices.Clip(tlsEnv),
+				"GRPC_SERVER_USE_TLS=true",
+				"GRPC_SERVER_TLS_CERT="+cert,
+				"GRPC_SERVER_TLS_KEY="+key,
+				"GRPC_SERVER_TLS_CA_CERT="+filepath.Join(clientPKI, "ca.pem"))
+			return []string{"--peer-tls-cert", cert, "--peer-tls-key", key, "--peer-tls-ca", filepath.Join(pki, "ca.pem")}, env
+		}
 	}
 	srv := startEGXDS(t, tlsCfg)
 	// The harness passes --config; with CONFIG_TYPE=GRPC_XDS_SOTW nothing reads it.
@@ -109,12 +139,14 @@ func runXDSCluster(t *testing.T, withTLS bool) {
 	}
 	t.Cleanup(c.Close)
 	var clients []pb.RateLimitServiceClient
-	for _, n := range c.Nodes {
-		n.Env = append(egEnv(srv.Addr, nodeID), tlsEnv...)
-		conn, cl, err := Dial(n.GRPC)
+	for i, n := range c.Nodes {
+		args, env := perNode(i)
+		n.ExtraArgs, n.Env = args, append(egEnv(srv.Addr, nodeID), env...)
+		conn, err := grpc.NewClient(n.GRPC, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			t.Fatal(err)
 		}
+		cl := pb.NewRateLimitServiceClient(conn)
 		t.Cleanup(func() { conn.Close() })
 		clients = append(clients, cl)
 	}
