@@ -63,6 +63,9 @@ type serveConfig struct {
 	GRPCTLSKey  string
 
 	DryRun bool
+
+	// flags is the parsed flag set, for writeSettings.
+	flags *flag.FlagSet
 }
 
 // legacyEnv names the envoyproxy/ratelimit variables that set a flag's
@@ -254,6 +257,7 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
 	}
+	c.flags = fs
 	if fs.NArg() > 0 {
 		return nil, nil, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
@@ -327,6 +331,32 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}
 	return errors.Join(errs...)
+}
+
+// writeSettings prints the effective settings, one "name=value" line per
+// flag in name order, as flags, RINGLIMIT_* and the reference's variables
+// resolved them (--dry-run). The value of a flag that holds a secret itself
+// (see secretFlag) is printed as <redacted>; file paths are printed.
+func (c *serveConfig) writeSettings(w io.Writer) {
+	c.flags.VisitAll(func(f *flag.Flag) {
+		v := f.Value.String()
+		if v != "" && secretFlag(f.Name) {
+			v = "<redacted>"
+		}
+		fmt.Fprintf(w, "%s=%s\n", f.Name, v)
+	})
+}
+
+// secretFlag reports whether a flag's value is a secret: a name with
+// secret, password, token or credential in it, or ending in -key (the
+// --*-tls-key flags name PEM files, not keys, and are printed).
+func secretFlag(name string) bool {
+	for _, w := range []string{"secret", "password", "token", "credential"} {
+		if strings.Contains(name, w) {
+			return true
+		}
+	}
+	return strings.HasSuffix(name, "-key") && !strings.HasSuffix(name, "-tls-key")
 }
 
 // countSet counts the non-empty strings.

@@ -50,8 +50,8 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 	}
 	warnConfig(log, c.Config, cfg)
 	if c.DryRun {
-		fmt.Fprintf(stdout, "%+v\n", *c)
-		fmt.Fprintf(stdout, "config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+		c.writeSettings(stdout)
+		fmt.Fprintf(stdout, "# config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
 		return 0
 	}
 	if err := serve(ctx, c, cfg, log); err != nil {
