@@ -66,6 +66,11 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		Logger:      log,
 	})
 	if err != nil {
+		// memberlist reports a gossip port it cannot bind only in its
+		// message ("failed to start TCP listener ...: listen tcp ...").
+		if strings.Contains(err.Error(), "listen") {
+			return nil, c.flagError("gossip-addr", err)
+		}
 		return nil, fmt.Errorf("serve: cluster: %w", err)
 	}
 	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas)

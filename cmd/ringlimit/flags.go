@@ -64,8 +64,11 @@ type serveConfig struct {
 
 	DryRun bool
 
-	// flags is the parsed flag set, for writeSettings.
+	// flags is the parsed flag set, for writeSettings and flagError.
 	flags *flag.FlagSet
+	// origin names where each flag not left at its default was set: "--name",
+	// its RINGLIMIT_ variable, or the reference's variables.
+	origin map[string]string
 }
 
 // legacyEnv names the envoyproxy/ratelimit variables that set a flag's
@@ -231,7 +234,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 // variables and flags, and validates the result.
 func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveConfig, []string, error) {
 	getenv := env.get
-	c := &serveConfig{}
+	c := &serveConfig{origin: map[string]string{}}
 	fs, legacy := newServeFlags(c, stderr)
 	var notes []string
 	var errs []error
@@ -239,6 +242,7 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 		if err := fs.Set(name, value); err != nil {
 			errs = append(errs, fmt.Errorf("serve: %s=%q: %v", source, value, err))
 		}
+		c.origin[name] = source
 	}
 	fs.VisitAll(func(f *flag.Flag) {
 		if l, ok := legacy[f.Name]; ok {
@@ -258,6 +262,12 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 		return nil, nil, err
 	}
 	c.flags = fs
+	// fs counts the variables' values as set too: a second parse of args
+	// alone tells which flags the command line gave.
+	cmdline, _ := newServeFlags(&serveConfig{}, io.Discard)
+	if cmdline.Parse(args) == nil {
+		cmdline.Visit(func(f *flag.Flag) { c.origin[f.Name] = "--" + f.Name })
+	}
 	if fs.NArg() > 0 {
 		return nil, nil, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
 	}
@@ -357,6 +367,32 @@ func secretFlag(name string) bool {
 		}
 	}
 	return strings.HasSuffix(name, "-key") && !strings.HasSuffix(name, "-tls-key")
+}
+
+// flagError is a start-up error about the value of a flag: it names the
+// flag, its value, where the value came from and the flag's default, so
+// that a user who set nothing learns what to set.
+//
+//	serve: --grpc-addr :8081 (the default; set --grpc-addr or RINGLIMIT_GRPC_ADDR): listen tcp :8081: bind: address already in use
+//	serve: --config /etc/rl (from RINGLIMIT_CONFIG; default /srv/runtime_data/current/config): no such file or directory
+func (c *serveConfig) flagError(name string, err error) error {
+	f := c.flags.Lookup(name)
+	if f == nil { // a flag that does not exist: a bug here, but still an error
+		return fmt.Errorf("serve: --%s: %w", name, err)
+	}
+	src := fmt.Sprintf("the default; set --%s or %s", name, envName(name))
+	if o, ok := c.origin[name]; ok {
+		src = fmt.Sprintf("from %s; default %s", o, orNone(f.DefValue))
+	}
+	return fmt.Errorf("serve: --%s %s (%s): %w", name, orNone(f.Value.String()), src, err)
+}
+
+// orNone prints an empty value as "".
+func orNone(v string) string {
+	if v == "" {
+		return `""`
+	}
+	return v
 }
 
 // countSet counts the non-empty strings.

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -40,6 +42,14 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 	log := newLogger(c, stderr)
 	if len(ignored) > 0 {
 		log.Warn("ignoring envoyproxy/ratelimit settings that have no meaning here (no Redis, no statsd; metrics are on the debug listener)", "vars", strings.Join(ignored, ","))
+	}
+	if _, err := os.Stat(c.Config); err != nil {
+		var pe *fs.PathError
+		if errors.As(err, &pe) {
+			err = pe.Err // the path is in the message already
+		}
+		fmt.Fprintln(stderr, c.flagError("config", err))
+		return 1
 	}
 	cfg, err := rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
 	if err != nil {
@@ -122,18 +132,18 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	tlsf.setLogger(log)
 	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
 	if err != nil {
-		return fmt.Errorf("serve: --grpc-addr: %w", err)
+		return c.flagError("grpc-addr", err)
 	}
 	httpLis, err := net.Listen("tcp", c.HTTPAddr)
 	if err != nil {
 		grpcLis.Close()
-		return fmt.Errorf("serve: --http-addr: %w", err)
+		return c.flagError("http-addr", err)
 	}
 	debugLis, err := net.Listen("tcp", c.DebugAddr)
 	if err != nil {
 		grpcLis.Close()
 		httpLis.Close()
-		return fmt.Errorf("serve: --debug-addr: %w", err)
+		return c.flagError("debug-addr", err)
 	}
 
 	var node *clusterNode
