@@ -24,14 +24,22 @@ func (s *Service) maxJSONBody() int64 {
 }
 
 // HTTPHandler serves the reference's HTTP API: /healthcheck answers 200 "OK"
-// while ready() is true (503 otherwise), and /json decides a protojson
+// when ready, else 503 with "NOT READY: " and the reason in plain text: "no
+// config loaded" before SetConfig, else what notReady returns ("" when
+// ready; nil means always ready). /json decides a protojson
 // RateLimitRequest (camelCase or snake_case), answering 200 when OK, 429
 // when over the limit and 400 for a bad body.
-func (s *Service) HTTPHandler(ready func() bool) http.Handler {
+func (s *Service) HTTPHandler(notReady func() string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
-		if ready != nil && !ready() {
-			http.Error(w, "NOT READY", http.StatusServiceUnavailable)
+		reason := ""
+		if !s.state.Load().loaded {
+			reason = "no config loaded"
+		} else if notReady != nil {
+			reason = notReady()
+		}
+		if reason != "" {
+			http.Error(w, "NOT READY: "+reason, http.StatusServiceUnavailable)
 			return
 		}
 		io.WriteString(w, "OK")

@@ -10,8 +10,11 @@ import (
 	"testing"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/protobuf/encoding/protojson"
 	"google.golang.org/protobuf/proto"
+
+	"github.com/ringlimit/ringlimit/bucket"
 )
 
 // svServe sends one request to handler and returns the response.
@@ -37,23 +40,33 @@ func svBody(t *testing.T, resp *http.Response) string {
 func TestHTTPHealthcheck(t *testing.T) {
 	tests := []struct {
 		name     string
-		ready    func() bool
+		notReady func() string
 		wantCode int
 		wantBody string
 	}{
 		{"no readiness check", nil, http.StatusOK, "OK"},
-		{"ready", func() bool { return true }, http.StatusOK, "OK"},
-		{"not ready", func() bool { return false }, http.StatusServiceUnavailable, "NOT READY\n"},
+		{"ready", func() string { return "" }, http.StatusOK, "OK"},
+		{"not ready", func() string { return "syncing" }, http.StatusServiceUnavailable, "NOT READY: syncing\n"},
 	}
 	h := svNew(t, svSeedConfig, Options{})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp := svServe(h.svc.HTTPHandler(tt.ready), http.MethodGet, "/healthcheck", "")
+			resp := svServe(h.svc.HTTPHandler(tt.notReady), http.MethodGet, "/healthcheck", "")
 			if body := svBody(t, resp); resp.StatusCode != tt.wantCode || body != tt.wantBody {
 				t.Fatalf("GET /healthcheck = %d %q, want %d %q", resp.StatusCode, body, tt.wantCode, tt.wantBody)
 			}
 		})
 	}
+	t.Run("no config loaded", func(t *testing.T) {
+		svc, err := NewService(Options{}, LocalCounter{Store: bucket.NewStore(bucket.StoreConfig{})}, NewMetrics(prometheus.NewRegistry()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp := svServe(svc.HTTPHandler(nil), http.MethodGet, "/healthcheck", "")
+		if body := svBody(t, resp); resp.StatusCode != http.StatusServiceUnavailable || body != "NOT READY: no config loaded\n" {
+			t.Fatalf("GET /healthcheck = %d %q", resp.StatusCode, body)
+		}
+	})
 }
 
 // TestHTTPJSON plays a timeline of /json calls at t0+5s against the seed

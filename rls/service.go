@@ -136,6 +136,7 @@ type configState struct {
 	// overrides holds, by domain, the stats and stat key that request-level
 	// limit overrides are counted under, built once per config.
 	overrides map[string]overrideStats
+	loaded    bool // set by SetConfig; false for the empty config NewService starts with
 }
 
 // overrideStats is where a domain's request-level limit overrides count.
@@ -193,7 +194,7 @@ func NewService(opt Options, counter Counter, metrics *Metrics) (*Service, error
 // SetConfig makes cfg the configuration every following request sees, and
 // counts a successful load.
 func (s *Service) SetConfig(cfg *Config) {
-	st := &configState{cfg: cfg, stats: make([]*ruleStats, len(cfg.Rules())), overrides: map[string]overrideStats{}}
+	st := &configState{cfg: cfg, loaded: true, stats: make([]*ruleStats, len(cfg.Rules())), overrides: map[string]overrideStats{}}
 	for _, r := range cfg.Rules() {
 		st.stats[r.Index] = s.metrics.rule(r)
 	}

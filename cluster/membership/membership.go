@@ -247,9 +247,9 @@ func (m *Membership) All() []Member {
 // it, or from the start when Join is empty.
 func (m *Membership) Joined() bool { return m.joined.Load() }
 
-// joinError returns the error of the latest join attempt, or nil if it
-// succeeded or none has finished yet.
-func (m *Membership) joinError() error {
+// JoinError returns the error of the latest join attempt, which names the
+// seeds, or nil if it succeeded or none has finished yet.
+func (m *Membership) JoinError() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.joinErr

@@ -104,7 +104,6 @@ func advertisedGRPC(c *serveConfig, bound string) (string, error) {
 }
 
 func (n *clusterNode) register(g *grpc.Server)    { n.node.Register(g) }
-func (n *clusterNode) ready() bool                { return n.node.Ready() }
 func (n *clusterNode) debugHandler() http.Handler { return n.node.DebugHandler() }
 
 // drain hands this node's counters to their next owners and replicas,

@@ -208,8 +208,16 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 
 	var stopping atomic.Bool
-	ready := func() bool {
-		return !stopping.Load() && (node == nil || node.ready())
+	// notReady is why the node is not ready ("" when it is): /healthcheck's
+	// 503 body; gRPC health follows it too.
+	notReady := func() string {
+		switch {
+		case stopping.Load():
+			return "shutting down: draining before exit"
+		case node != nil:
+			return node.node.NotReadyReason()
+		}
+		return ""
 	}
 	debugMux := http.NewServeMux()
 	debugMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
@@ -223,7 +231,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		debugMux.Handle("/debug/cluster", node.debugHandler())
 	}
 	// ReadTimeout bounds a slow /json body (at most a few MiB) as well.
-	httpSrv := &http.Server{Handler: svc.HTTPHandler(ready), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
+	httpSrv := &http.Server{Handler: svc.HTTPHandler(notReady), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
 	debugSrv := &http.Server{Handler: debugMux, ReadHeaderTimeout: 10 * time.Second}
 
 	var wg sync.WaitGroup
@@ -274,7 +282,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 			case <-sweepCtx.Done():
 				return
 			case <-t.C:
-				if r := ready(); r != serving {
+				if r := notReady() == ""; r != serving {
 					serving = r
 					st := healthpb.HealthCheckResponse_NOT_SERVING
 					if r {
