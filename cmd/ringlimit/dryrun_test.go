@@ -56,13 +56,14 @@ func TestDryRunPrintsSettings(t *testing.T) {
 func TestSettingsRedactSecrets(t *testing.T) {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.String("gossip-key", "c2VjcmV0", "")
+	fs.String("gossip-keys", "a2V5MQ==,a2V5Mg==", "")
 	fs.String("admin-token", "t0ken", "")
 	fs.String("empty-secret", "", "")
 	fs.String("peer-tls-key", "/tls/key.pem", "")
 	fs.String("gossip-key-file", "/etc/gossip.key", "")
 	var out bytes.Buffer
 	(&serveConfig{flags: fs}).writeSettings(&out)
-	want := "admin-token=<redacted>\nempty-secret=\ngossip-key=<redacted>\ngossip-key-file=/etc/gossip.key\npeer-tls-key=/tls/key.pem\n"
+	want := "admin-token=<redacted>\nempty-secret=\ngossip-key=<redacted>\ngossip-key-file=/etc/gossip.key\ngossip-keys=<redacted>\npeer-tls-key=/tls/key.pem\n"
 	if out.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
 	}
