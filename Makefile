@@ -51,7 +51,7 @@ allocs:
 
 # Every fuzz target for a bounded number of inputs (a count, not a time:
 # go1.26's -fuzztime with a duration can fail spuriously, golang/go#75804).
-FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster/membership:FuzzMeta cluster/transport:FuzzPeerDecode cluster/lifecycle:FuzzStep bucket:FuzzReadSnapshot
+FUZZ_TARGETS := rls:FuzzParseConfig rls:FuzzConfigFromXDS rls:FuzzMatch rls:FuzzKeyRoundTrip ring:FuzzSuccessors cluster/membership:FuzzMeta cluster/transport:FuzzPeerDecode cluster/lifecycle:FuzzStep bucket:FuzzReadSnapshot
 FUZZ_N ?= 3000x
 fuzz-short:
 	@set -e; n=0; for t in $(FUZZ_TARGETS); do \

@@ -121,8 +121,9 @@ const (
 	// later windows (or, for a bucket, without bound) and a client sending
 	// steadily above the limit would get nothing through at all.
 	Consume Mode = iota
-	// StopOnOver adds the hits only when the result is within the limit
-	// (STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT).
+	// StopOnOver adds the hits only when the result is within the limit.
+	// (envoyproxy/ratelimit's STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT is
+	// not this: it still counts a descriptor that is over; see rls.)
 	StopOnOver
 	// Peek computes the result as if the hits were added but changes
 	// nothing and creates no entry.

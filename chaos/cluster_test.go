@@ -29,9 +29,10 @@ descriptors:
       requests_per_unit: 50
 `
 
-// startCluster starts n nodes serving cfg, with args added to every node's
-// flags, and waits for one shared ring.
-func startCluster(t *testing.T, n int, cfg string, args ...string) *Cluster {
+// layoutCluster lays out n nodes on 127.0.0.1 serving cfg, in a temporary
+// directory (c.Dir) that also holds the config, and closes them when the
+// test ends. Nothing is started.
+func layoutCluster(t *testing.T, n int, cfg string) *Cluster {
 	t.Helper()
 	dir := t.TempDir()
 	cfgDir := filepath.Join(dir, "config")
@@ -46,6 +47,14 @@ func startCluster(t *testing.T, n int, cfg string, args ...string) *Cluster {
 		t.Fatal(err)
 	}
 	t.Cleanup(c.Close)
+	return c
+}
+
+// startCluster starts n nodes serving cfg, with args added to every node's
+// flags, and waits for one shared ring.
+func startCluster(t *testing.T, n int, cfg string, args ...string) *Cluster {
+	t.Helper()
+	c := layoutCluster(t, n, cfg)
 	c.Args = append(c.Args, args...)
 	if err := c.StartAll(30 * time.Second); err != nil {
 		t.Fatal(err)

@@ -41,21 +41,9 @@ func TestClusterFullRestartKeepsCounts(t *testing.T) {
 		after  = 40 // then this many more: beyond the limit
 		most   = limit * 105 / 100
 	)
-	dir := t.TempDir()
-	cfgDir := filepath.Join(dir, "config")
-	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := ConfigMapDir(cfgDir, map[string]string{"config.yaml": hourConfig}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewCluster(testBin, dir, cfgDir, "127.0.0.1", 3)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := layoutCluster(t, 3, hourConfig)
 	for _, n := range c.Nodes {
-		n.ExtraArgs = append(n.ExtraArgs, "--data-dir", filepath.Join(dir, n.ID+"-data"))
+		n.ExtraArgs = append(n.ExtraArgs, "--data-dir", filepath.Join(c.Dir, n.ID+"-data"))
 	}
 	if err := c.StartAll(30 * time.Second); err != nil {
 		t.Fatal(err)

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -53,19 +52,7 @@ func floodIP(i int) string {
 // waiting for readiness.
 func startNodes(t *testing.T, n int, perNode func(c *Cluster, i int) []string) *Cluster {
 	t.Helper()
-	dir := t.TempDir()
-	cfgDir := filepath.Join(dir, "config")
-	if err := os.MkdirAll(cfgDir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := ConfigMapDir(cfgDir, map[string]string{"config.yaml": seedConfig}); err != nil {
-		t.Fatal(err)
-	}
-	c, err := NewCluster(testBin, dir, cfgDir, "127.0.0.1", n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(c.Close)
+	c := layoutCluster(t, n, seedConfig)
 	for i, nd := range c.Nodes {
 		if perNode != nil {
 			nd.ExtraArgs = perNode(c, i)

@@ -24,7 +24,8 @@ import (
 )
 
 // writeTestPKI writes a CA (ca.pem) and one peer certificate per name
-// (name.crt, name.key, for server and client use on 127.0.0.1) into dir and
+// (name.crt, name.key, for server and client use on 127.0.0.1 and as the
+// DNS name name) into dir and
 // returns the CA's pool.
 func writeTestPKI(t *testing.T, dir string, names ...string) *x509.CertPool {
 	t.Helper()
@@ -59,6 +60,7 @@ func writeTestPKI(t *testing.T, dir string, names ...string) *x509.CertPool {
 			KeyUsage:    x509.KeyUsageDigitalSignature,
 			ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 			IPAddresses: []net.IP{net.ParseIP("127.0.0.1")},
+			DNSNames:    []string{name},
 		}
 		der, err := x509.CreateCertificate(rand.Reader, tmpl, caCert, &key.PublicKey, caKey)
 		if err != nil {
@@ -100,10 +102,22 @@ func TestPeerMTLSCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	windowSafe(t, 10*time.Second)
-	creds := credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+	countedOnceOverTLS(t, c, credentials.NewTLS(&tls.Config{RootCAs: pool, ServerName: "127.0.0.1"}), "/mtls/")
+	if cr := c.Crashes(); len(cr) > 0 {
+		t.Errorf("crashes: %v", cr)
+	}
+}
+
+// countedOnceOverTLS sends 120 hits on one key, spread evenly over the
+// nodes of c through creds, and checks that the 100-a-minute limit let
+// exactly 100 through (counted once, by the key's owner) and that the
+// non-owners forwarded their hits to it: the peer RPCs work.
+func countedOnceOverTLS(t *testing.T, c *Cluster, creds credentials.TransportCredentials, pathPrefix string) {
+	t.Helper()
+	n := len(c.Nodes)
 	var clients []pb.RateLimitServiceClient
-	for _, n := range c.Nodes {
-		conn, err := grpc.NewClient(n.GRPC, grpc.WithTransportCredentials(creds))
+	for _, nd := range c.Nodes {
+		conn, err := grpc.NewClient(nd.GRPC, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -118,7 +132,7 @@ func TestPeerMTLSCluster(t *testing.T) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
-		resp, err := clients[i%2].ShouldRateLimit(ctx, Request("ratelimit", "remote_address", "10.9.9.9", "PATH", path))
+		resp, err := clients[i%n].ShouldRateLimit(ctx, Request("ratelimit", "remote_address", "10.9.9.9", "PATH", path))
 		if err != nil {
 			t.Fatalf("hit %d: %v", i, err)
 		}
@@ -126,17 +140,17 @@ func TestPeerMTLSCluster(t *testing.T) {
 	}
 	fallbacks := func() float64 {
 		sum := 0.0
-		for _, n := range c.Nodes {
-			fb, _ := n.Metric("ringlimit_local_fallbacks_total")
+		for _, nd := range c.Nodes {
+			fb, _ := nd.Metric("ringlimit_local_fallbacks_total")
 			sum += fb
 		}
 		return sum
 	}
 	// The hits must count in one minute window.
 	inOneMinute(t, func(attempt int) (func(), string) {
-		path := fmt.Sprintf("/mtls/%d", attempt)
+		path := fmt.Sprintf("%s%d", pathPrefix, attempt)
 		ok := 0
-		for i := 0; i < 120; i++ { // 60 to each node; the limit is 100 a minute
+		for i := 0; i < 120; i++ { // the same number to each node; the limit is 100 a minute
 			if hit(i, path) {
 				ok++
 			}
@@ -146,28 +160,27 @@ func TestPeerMTLSCluster(t *testing.T) {
 			// cap on a loaded machine: each such local fallback may move
 			// the count by one (and is bounded below).
 			if fb := fallbacks(); (fb == 0 && ok != 100) || math.Abs(float64(ok-100)) > fb {
-				t.Errorf("%d of 120 hits allowed across two nodes with %v local fallbacks, want exactly 100 (give or take the fallbacks)", ok, fb)
+				t.Errorf("%d of 120 hits allowed across %d nodes with %v local fallbacks, want exactly 100 (give or take the fallbacks)", ok, n, fb)
 			}
 		}, fmt.Sprintf("%d allowed", ok)
 	})
-	// The non-owner's 60 hits: those up to the first over-limit answer go
-	// to the owner over mTLS; after it, the non-owner answers the key over
-	// the limit itself until the window ends (hot-key answers).
+	// The non-owners' hits: those up to their first over-limit answer go
+	// to the owner over mTLS (at least their share of the first 100);
+	// after it, a non-owner answers the key over the limit itself until
+	// the window ends (hot-key answers).
 	var forwarded, hot float64
-	for _, n := range c.Nodes {
-		f, err := n.Metric("ringlimit_forwarded_decisions_total")
+	for _, nd := range c.Nodes {
+		f, err := nd.Metric("ringlimit_forwarded_decisions_total")
 		if err != nil {
 			t.Fatal(err)
 		}
-		h, _ := n.Metric("ringlimit_hot_key_local_answers_total")
+		h, _ := nd.Metric("ringlimit_hot_key_local_answers_total")
 		forwarded, hot = forwarded+f, hot+h
 	}
 	// mTLS forwarding works: nearly every op reached its owner (a stall
 	// may make a few fall back; a broken handshake would make all of them).
-	if fb := fallbacks(); forwarded < 50 || forwarded+hot+fb < 60 || fb > 3 {
-		t.Errorf("forwarded %v, hot-key local answers %v, local fallbacks %v; want >= 50 forwarded over mTLS, 60 in all, at most a stall's few fallbacks", forwarded, hot, fb)
-	}
-	if cr := c.Crashes(); len(cr) > 0 {
-		t.Errorf("crashes: %v", cr)
+	minFwd, nonOwner := float64(100*(n-1)/n), float64(120*(n-1)/n)
+	if fb := fallbacks(); forwarded < minFwd || forwarded+hot+fb < nonOwner || fb > 3 {
+		t.Errorf("forwarded %v, hot-key local answers %v, local fallbacks %v; want >= %v forwarded over mTLS, %v in all, at most a stall's few fallbacks", forwarded, hot, fb, minFwd, nonOwner)
 	}
 }

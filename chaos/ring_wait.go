@@ -9,22 +9,40 @@ import (
 	"time"
 )
 
-// RingMembers reads a node's current ring from /debug/cluster.
-func (n *Node) RingMembers() ([]string, error) {
+// clusterStatus is the part of /debug/cluster the harness reads.
+type clusterStatus struct {
+	Ring       []string `json:"ring"`
+	GossipKeys []string `json:"gossip_keys"`
+}
+
+// debugCluster reads a node's /debug/cluster.
+func (n *Node) debugCluster() (clusterStatus, error) {
+	var v clusterStatus
 	client := &http.Client{Timeout: time.Second}
 	resp, err := client.Get("http://" + n.Debug + "/debug/cluster")
 	if err != nil {
-		return nil, err
+		return v, err
 	}
 	defer resp.Body.Close()
-	var v struct {
-		Ring []string `json:"ring"`
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&v); err != nil {
+	err = json.NewDecoder(resp.Body).Decode(&v)
+	return v, err
+}
+
+// RingMembers reads a node's current ring from /debug/cluster.
+func (n *Node) RingMembers() ([]string, error) {
+	v, err := n.debugCluster()
+	if err != nil {
 		return nil, err
 	}
 	sort.Strings(v.Ring)
 	return v.Ring, nil
+}
+
+// GossipKeys reads the fingerprints of a node's gossip keys, the primary
+// first, from /debug/cluster.
+func (n *Node) GossipKeys() ([]string, error) {
+	v, err := n.debugCluster()
+	return v.GossipKeys, err
 }
 
 // WaitRing polls until every listed node's ring is exactly the IDs of want.

@@ -83,8 +83,9 @@ func toMemberJSON(m membership.Member) memberJSON {
 func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339Nano) }
 
 // DebugHandler serves /debug/cluster: this node and its lifecycle phase,
-// every member with its state and addresses, and how many ring partitions
-// each owns. Keys are snake_case, times RFC 3339 (UTC).
+// the fingerprints of its gossip keys (primary first), every member with
+// its state and addresses, and how many ring partitions each owns. Keys are
+// snake_case, times RFC 3339 (UTC).
 func (n *Node) DebugHandler() http.Handler {
 	type member struct {
 		memberJSON
@@ -124,11 +125,12 @@ func (n *Node) DebugHandler() http.Handler {
 			Draining   bool       `json:"draining,omitempty"`
 			Relaying   bool       `json:"relaying,omitempty"`
 			Replicas   int        `json:"replicas"`
+			GossipKeys []string   `json:"gossip_keys,omitempty"`
 			Ring       []string   `json:"ring"`
 			RingBuilt  string     `json:"ring_built"`
 			Members    []member   `json:"members"`
 		}{toMemberJSON(n.m.Self()), n.m.Joined(), v.phase.String(), rfc3339(v.since), n.Ready(), n.NotReadyReason(), v.route.Serve,
-			v.route.Departing, v.route.Relay != lifecycle.RelayNone, n.replicas, v.ring.Members(), rfc3339(v.built), ms}
+			v.route.Departing, v.route.Relay != lifecycle.RelayNone, n.replicas, n.m.KeyFingerprints(), v.ring.Members(), rfc3339(v.built), ms}
 		w.Header().Set("Content-Type", "application/json")
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
@@ -61,6 +62,9 @@ type NodeConfig struct {
 	// replication, all or none; nil registers nowhere.
 	Registerer prometheus.Registerer
 	Logger     *slog.Logger
+	// Tracer, if set, traces forwarded decisions across the peers (see
+	// transport.ForwarderConfig.Tracer); nil turns tracing off.
+	Tracer trace.Tracer
 
 	// hooks are test hooks (nil in production).
 	hooks *testHooks
@@ -196,6 +200,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		SuspectFor:  timing.SuspectFor,
 		Registerer:  reg.orNil(),
 		Logger:      cfg.Logger,
+		Tracer:      cfg.Tracer,
 	})
 	if err != nil {
 		reg.undo()

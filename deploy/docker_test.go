@@ -128,7 +128,9 @@ func goVersionAtLeast(a, b string) bool {
 	return true
 }
 
-func TestDockerfile(t *testing.T) {
+// dockerStages reads and parses the Dockerfile.
+func dockerStages(t *testing.T) []dockerStage {
+	t.Helper()
 	data, err := os.ReadFile(dockerfile)
 	if err != nil {
 		t.Fatal(err)
@@ -137,6 +139,11 @@ func TestDockerfile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return stages
+}
+
+func TestDockerfile(t *testing.T) {
+	stages := dockerStages(t)
 	if len(stages) < 2 {
 		t.Fatalf("%d stages, want a multi-stage build", len(stages))
 	}

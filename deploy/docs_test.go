@@ -33,7 +33,8 @@ func TestDocsMatchTheKit(t *testing.T) {
 			t.Errorf("docs/deployment.md does not describe the Service %s", svc)
 		}
 	}
-	for _, want := range []string{"openssl rand -base64 32", "STRICT_DNS", "publishNotReadyAddresses", "kubectl apply -k deploy/kubernetes/overlays/example"} {
+	for _, want := range []string{"openssl rand -base64 32", "STRICT_DNS", "publishNotReadyAddresses", "kubectl apply -k deploy/kubernetes/overlays/example", "ringlimit keygen",
+		"kubectl apply -k deploy/kubernetes/overlays/example-monitoring", "kind create cluster"} {
 		if !strings.Contains(dep, want) {
 			t.Errorf("docs/deployment.md does not mention %q", want)
 		}

@@ -428,21 +428,7 @@ func TestStatefulSetE2E(t *testing.T) {
 	// One cluster: every node's ring lists every pod.
 	debugPort := containerPort(c, intstr.FromString("metrics")).ContainerPort
 	ringOf := func(ip string) ([]string, error) {
-		code, body, err := httpGet(client, fmt.Sprintf("http://%s/debug/cluster", net.JoinHostPort(ip, fmt.Sprint(debugPort))))
-		if err != nil {
-			return nil, err
-		}
-		if code != http.StatusOK {
-			return nil, fmt.Errorf("/debug/cluster: status %d", code)
-		}
-		var v struct {
-			Ring []string `json:"ring"`
-		}
-		if err := json.Unmarshal(body, &v); err != nil {
-			return nil, err
-		}
-		slices.Sort(v.Ring)
-		return v.Ring, nil
+		return ringAt(client, net.JoinHostPort(ip, fmt.Sprint(debugPort)))
 	}
 	waitRing := func(live []pod) {
 		t.Helper()
@@ -472,38 +458,16 @@ func TestStatefulSetE2E(t *testing.T) {
 		}
 		defer conn.Close()
 		// gRPC health follows readiness a tick later (ringlimit polls it).
-		health := healthpb.NewHealthClient(conn)
-		waitFor(t, p.name+" gRPC health \"ratelimit\" SERVING", procs, func() error {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			defer cancel()
-			hr, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
-			if err == nil && hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
-				err = fmt.Errorf("status %v", hr.GetStatus())
-			}
-			return err
-		})
+		waitHealthServing(t, p.name, procs, conn)
 		clients = append(clients, rlspb.NewRateLimitServiceClient(conn))
 	}
 	// Local fallbacks (an owner that did not answer in 250 ms) over every
 	// pod: the one reason a shared count may be off.
-	fallbacks := func() float64 {
-		var sum float64
-		for _, p := range pods {
-			code, body, err := httpGet(client, fmt.Sprintf("http://%s/metrics", net.JoinHostPort(p.ip, fmt.Sprint(debugPort))))
-			if err != nil || code != http.StatusOK {
-				t.Fatalf("%s /metrics: status %d, %v", p.name, code, err)
-			}
-			parser := expfmt.NewTextParser(model.UTF8Validation)
-			mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
-			if err != nil {
-				t.Fatalf("%s /metrics: %v", p.name, err)
-			}
-			for _, m := range mfs["ringlimit_local_fallbacks_total"].GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-		return sum
+	var debugAddrs []string
+	for _, p := range pods {
+		debugAddrs = append(debugAddrs, net.JoinHostPort(p.ip, fmt.Sprint(debugPort)))
 	}
+	fallbacks := func() float64 { return fallbackSum(t, client, debugAddrs) }
 	checkSharedLimit(t, clients, seedConfig(t).Domain, fallbacks)
 
 	// Editing the ConfigMap reaches the pod without a restart.
@@ -557,6 +521,65 @@ func TestStatefulSetE2E(t *testing.T) {
 			t.Errorf("%s: no shutdown save in the log", last.name)
 		}
 	}
+}
+
+// ringAt returns the ring of the node whose debug listener is at addr,
+// sorted.
+func ringAt(client *http.Client, addr string) ([]string, error) {
+	code, body, err := httpGet(client, "http://"+addr+"/debug/cluster")
+	if err != nil {
+		return nil, err
+	}
+	if code != http.StatusOK {
+		return nil, fmt.Errorf("/debug/cluster: status %d", code)
+	}
+	var v struct {
+		Ring []string `json:"ring"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return nil, err
+	}
+	slices.Sort(v.Ring)
+	return v.Ring, nil
+}
+
+// fallbackSum adds up the local fallbacks (an owner that did not answer in
+// 250 ms) of the nodes whose debug listeners are at addrs: the one reason a
+// shared count may be off.
+func fallbackSum(t *testing.T, client *http.Client, addrs []string) float64 {
+	t.Helper()
+	var sum float64
+	for _, addr := range addrs {
+		code, body, err := httpGet(client, "http://"+addr+"/metrics")
+		if err != nil || code != http.StatusOK {
+			t.Fatalf("%s/metrics: status %d, %v", addr, code, err)
+		}
+		parser := expfmt.NewTextParser(model.UTF8Validation)
+		mfs, err := parser.TextToMetricFamilies(bytes.NewReader(body))
+		if err != nil {
+			t.Fatalf("%s/metrics: %v", addr, err)
+		}
+		for _, m := range mfs["ringlimit_local_fallbacks_total"].GetMetric() {
+			sum += m.GetCounter().GetValue()
+		}
+	}
+	return sum
+}
+
+// waitHealthServing waits until the gRPC health service on conn reports
+// "ratelimit" SERVING.
+func waitHealthServing(t *testing.T, what string, procs []*proc, conn *grpc.ClientConn) {
+	t.Helper()
+	health := healthpb.NewHealthClient(conn)
+	waitFor(t, what+" gRPC health \"ratelimit\" SERVING", procs, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		hr, err := health.Check(ctx, &healthpb.HealthCheckRequest{Service: "ratelimit"})
+		if err == nil && hr.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+			err = fmt.Errorf("status %v", hr.GetStatus())
+		}
+		return err
+	})
 }
 
 // seedRequest is what the seed's Envoy sends for one client and path.

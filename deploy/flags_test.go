@@ -162,6 +162,9 @@ func TestMigrationEnvVars(t *testing.T) {
 		{[]string{"LOG_LEVEL=trace"}, map[string]string{"log-level": "trace"}},
 		{[]string{"LOG_LEVEL=fatal"}, map[string]string{"log-level": "fatal"}},
 		{[]string{"SHADOW_MODE=true"}, map[string]string{"shadow-mode": "true"}},
+		{[]string{"QUOTA_MODE=true"}, map[string]string{"quota-mode": "true"}},
+		{[]string{"RESPONSE_DYNAMIC_METADATA=true"}, map[string]string{"response-dynamic-metadata": "true"}},
+		{[]string{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true"}, map[string]string{"healthy-with-config": "true"}},
 		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"stop-increment-when-over-limit": "true"}},
 		{[]string{"NEAR_LIMIT_RATIO=0.9"}, map[string]string{"near-limit-ratio": "0.9"}},
 		{[]string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"response-headers": "true"}},
@@ -175,6 +178,16 @@ func TestMigrationEnvVars(t *testing.T) {
 		// TLS turned on the reference's way, with the certificate given ringlimit's way.
 		{[]string{"GRPC_SERVER_USE_TLS=true", "RINGLIMIT_GRPC_TLS_CERT=/tls/c.pem", "RINGLIMIT_GRPC_TLS_KEY=/tls/k.pem"},
 			map[string]string{"grpc-tls-cert": "/tls/c.pem", "grpc-tls-key": "/tls/k.pem"}},
+		// RLS client mTLS: the reference's variables, and Envoy Gateway's CA variable.
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem", "GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_SAN=envoy"},
+			map[string]string{"grpc-tls-client-ca": "/tls/ca.pem", "grpc-tls-client-san": "envoy"}},
+		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/certs/tls.crt", "GRPC_SERVER_TLS_KEY=/certs/tls.key", "GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt"},
+			map[string]string{"grpc-tls-client-ca": "/certs/ca.crt"}},
+		// OpenTelemetry tracing.
+		{[]string{"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=rl", "TRACING_SERVICE_NAMESPACE=edge", "TRACING_SERVICE_INSTANCE_ID=pod-1",
+			"TRACING_SAMPLING_RATE=0.25", "TRACING_EXPORTER_PROTOCOL=grpc"},
+			map[string]string{"tracing": "true", "tracing-service-name": "rl", "tracing-service-namespace": "edge", "tracing-service-instance-id": "pod-1",
+				"tracing-sampling-rate": "0.25", "tracing-exporter-protocol": "grpc"}},
 		// A RINGLIMIT_ variable wins over the reference's.
 		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"grpc-addr": "127.0.0.9:9999"}},
 	} {
@@ -241,10 +254,13 @@ func TestMigrationEnvVars(t *testing.T) {
 	for _, tc := range []struct{ env, want string }{
 		{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_USE_TLS is true but no server certificate and key are set"},
 		{"GRPC_SERVER_USE_TLS=yes", `GRPC_SERVER_USE_TLS="yes": not a boolean`},
-		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_CACERT is set, but ringlimit does not verify RLS client certificates"},
-		{"GRPC_CLIENT_TLS_SAN=envoy", "GRPC_CLIENT_TLS_SAN is set"},
+		{"GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
+		{"GRPC_SERVER_TLS_CA_CERT=/tls/ca.pem", "--grpc-tls-client-ca (GRPC_CLIENT_TLS_CACERT, GRPC_SERVER_TLS_CA_CERT) needs server TLS"},
+		{"GRPC_CLIENT_TLS_SAN=envoy", "--grpc-tls-client-san (GRPC_CLIENT_TLS_SAN) needs --grpc-tls-client-ca"},
+		{"TRACING_SAMPLING_RATE=2", "--tracing-sampling-rate (TRACING_SAMPLING_RATE): 2 is not in [0, 1]"},
+		{"TRACING_EXPORTER_PROTOCOL=zipkin", `unknown protocol "zipkin" (http, grpc)`},
 		{"GRPC_UDS=/var/run/rl.sock", "GRPC_UDS is set, but ringlimit serves gRPC on TCP only"},
-		{"CONFIG_TYPE=GRPC_XDS_SOTW", `CONFIG_TYPE="GRPC_XDS_SOTW": ringlimit reads its config from files only`},
+		{"CONFIG_TYPE=GRPC_XDS_DELTA", `--config-type: unknown type "GRPC_XDS_DELTA" (FILE or GRPC_XDS_SOTW)`},
 		{"PORT=abc", `--http-addr ":abc": port "abc" is not a number from 0 to 65535`},
 		{"SHADOW_MODE=yes", `SHADOW_MODE="yes": parse error`},
 	} {

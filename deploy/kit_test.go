@@ -32,6 +32,7 @@ const (
 	kubeDir       = "kubernetes"
 	baseDir       = "kubernetes/base"
 	overlayDir    = "kubernetes/overlays/example"
+	monOverlayDir = "kubernetes/overlays/example-monitoring"
 	exampleConfig = "examples/config/ratelimit.yaml"
 	secretExample = "kubernetes/gossip-key-secret.example.yaml"
 	envoyFile     = "envoy/envoy.yaml"
@@ -510,6 +511,7 @@ type kit struct {
 	pdbs            []*policyv1.PodDisruptionBudget
 	namespaces      []*corev1.Namespace
 	serviceMonitors []*serviceMonitor
+	prometheusRules []*prometheusRule
 }
 
 // newKit decodes rendered objects strictly into their types; an object of a
@@ -536,6 +538,14 @@ func newKit(name string, objs []object) (*kit, error) {
 				return nil, fmt.Errorf("%s: %s: %w", name, objectKey(o), err)
 			}
 			k.serviceMonitors = append(k.serviceMonitors, &sm)
+			continue
+		}
+		if kindOf(o) == "PrometheusRule" {
+			var pr prometheusRule
+			if err := decodeStrictInto(j, &pr); err != nil {
+				return nil, fmt.Errorf("%s: %s: %w", name, objectKey(o), err)
+			}
+			k.prometheusRules = append(k.prometheusRules, &pr)
 			continue
 		}
 		typed, err := decodeTyped(dec, j)
@@ -572,11 +582,12 @@ func newKit(name string, objs []object) (*kit, error) {
 	return k, nil
 }
 
-// kits renders the base and the example overlay.
+// kits renders the base, the example overlay with monitoring, and the
+// example overlay (last).
 func kits(t *testing.T) []*kit {
 	t.Helper()
 	var out []*kit
-	for _, dir := range []string{baseDir, overlayDir} {
+	for _, dir := range []string{baseDir, monOverlayDir, overlayDir} {
 		objs, err := render(dir)
 		if err != nil {
 			t.Fatal(err)

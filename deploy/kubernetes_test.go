@@ -89,11 +89,14 @@ func TestStrictDecoderRejects(t *testing.T) {
 }
 
 // TestKustomizationsListEveryFile: each kustomization lists every YAML file
-// beside it (and nothing that does not exist); under kubernetes/ the only
-// YAML outside a kustomization is the Secret example, which must stay out.
+// beside it (and nothing that does not exist), but for the monitoring
+// files that are not Kubernetes objects; the only YAML left out are the
+// gossip key Secret examples, which must stay out.
 func TestKustomizationsListEveryFile(t *testing.T) {
+	notObjects := map[string]bool{filepath.Clean(dashboardFile): true, filepath.Clean(rulesFile): true}
+	secretExamples := map[string]bool{filepath.Clean(secretExample): true, filepath.Clean(egSecretExample): true}
 	dirs := map[string]bool{}
-	for _, f := range append(yamlFiles(t, kubeDir), yamlFiles(t, istioDir)...) {
+	for _, f := range slices.Concat(yamlFiles(t, kubeDir), yamlFiles(t, istioDir), yamlFiles(t, monitoringDir), yamlFiles(t, egDir)) {
 		if filepath.Base(f) == "kustomization.yaml" {
 			dirs[filepath.Dir(f)] = true
 		}
@@ -147,30 +150,30 @@ func TestKustomizationsListEveryFile(t *testing.T) {
 		}
 		for _, e := range entries {
 			p := filepath.Join(dir, e.Name())
-			if e.IsDir() || e.Name() == "kustomization.yaml" {
+			if e.IsDir() || e.Name() == "kustomization.yaml" || notObjects[p] {
 				continue
 			}
 			if !isYAML(e.Name()) {
 				t.Errorf("%s: unexpected file %s in a kustomization directory", dir, e.Name())
 				continue
 			}
-			if !listed[p] {
+			switch {
+			case secretExamples[p] && listed[p]:
+				t.Errorf("%s: lists the Secret example %s; it must stay out", dir, e.Name())
+			case !secretExamples[p] && !listed[p]:
 				t.Errorf("%s: %s exists but kustomization.yaml does not list it", dir, e.Name())
 			}
 		}
 	}
 	// Every kustomization is an entry point the docs name or is used by one.
-	roots := map[string]bool{filepath.Clean(overlayDir): true, filepath.Clean(istioDir): true, filepath.Clean(baseDir): true}
+	roots := map[string]bool{filepath.Clean(overlayDir): true, filepath.Clean(monOverlayDir): true, filepath.Clean(istioDir): true, filepath.Clean(baseDir): true, filepath.Clean(egDir): true}
 	for dir := range dirs {
 		if !roots[dir] && !referenced[dir] {
 			t.Errorf("%s: kustomization not used by any other", dir)
 		}
 	}
-	for _, f := range yamlFiles(t, kubeDir) {
-		if dirs[filepath.Dir(f)] {
-			continue
-		}
-		if f != filepath.Clean(secretExample) {
+	for _, f := range append(yamlFiles(t, kubeDir), yamlFiles(t, egDir)...) {
+		if !dirs[filepath.Dir(f)] && !secretExamples[f] {
 			t.Errorf("%s: YAML outside any kustomization", f)
 		}
 	}
@@ -183,7 +186,7 @@ func TestRenderMatchesKubectl(t *testing.T) {
 	if err != nil {
 		t.Skip("kubectl not installed: the test renderer is not compared with kustomize")
 	}
-	for _, dir := range []string{baseDir, overlayDir, istioDir} {
+	for _, dir := range []string{baseDir, overlayDir, monOverlayDir, istioDir, egDir} {
 		t.Run(dir, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
@@ -228,6 +231,32 @@ func TestRenderMatchesKubectl(t *testing.T) {
 	}
 }
 
+// TestExampleRunsOnABareCluster: the example overlay needs no CRDs and
+// schedules three pods on a small test cluster; the monitoring overlay is
+// the same objects plus the ServiceMonitor and the PrometheusRule.
+func TestExampleRunsOnABareCluster(t *testing.T) {
+	ks := kits(t)
+	mon, ex := ks[1], ks[2]
+	if mon.name != monOverlayDir || ex.name != overlayDir {
+		t.Fatalf("kits are %s and %s", mon.name, ex.name)
+	}
+	if len(ex.serviceMonitors)+len(ex.prometheusRules) > 0 {
+		t.Errorf("%s has Prometheus Operator objects: it must apply on a cluster without the Operator's CRDs", ex.name)
+	}
+	c := ex.container(t)
+	for r, most := range map[corev1.ResourceName]string{corev1.ResourceCPU: "100m", corev1.ResourceMemory: "128Mi"} {
+		if q := c.Resources.Requests[r]; q.Cmp(resource.MustParse(most)) > 0 {
+			t.Errorf("%s requests %s %s per pod; keep it at most %s so three pods fit a laptop's kind cluster", ex.name, q.String(), r, most)
+		}
+	}
+	if len(mon.serviceMonitors) != 1 || len(mon.prometheusRules) != 1 {
+		t.Errorf("%s: %d ServiceMonitors, %d PrometheusRules; want one of each", mon.name, len(mon.serviceMonitors), len(mon.prometheusRules))
+	}
+	if !reflect.DeepEqual(mon.statefulSet.Spec.Template.Spec, ex.statefulSet.Spec.Template.Spec) || len(mon.services) != len(ex.services) {
+		t.Errorf("%s's pods differ from %s's beyond the scrape annotation", mon.name, ex.name)
+	}
+}
+
 func TestConfigMapIsTheExampleConfig(t *testing.T) {
 	want, err := os.ReadFile(exampleConfig)
 	if err != nil {
@@ -248,7 +277,21 @@ func TestConfigMapIsTheExampleConfig(t *testing.T) {
 }
 
 func TestGossipKeySecretExample(t *testing.T) {
-	data, err := os.ReadFile(secretExample)
+	k := overlayKit(t)
+	vol, mount := volumeFor(t, k, func(v corev1.Volume) bool { return v.Secret != nil })
+	keyFile := mustFlag(t, k.container(t).Args, "gossip-key-file")
+	if filepath.Dir(keyFile) != filepath.Clean(mount.MountPath) {
+		t.Errorf("--gossip-key-file=%s is not in the Secret's mount %s", keyFile, mount.MountPath)
+	}
+	checkGossipKeyExample(t, secretExample, k.namespace, vol.Secret.SecretName, filepath.Base(keyFile))
+}
+
+// checkGossipKeyExample checks an example gossip key Secret: the name,
+// namespace and key the pods mount, holding a placeholder that never works
+// as a key.
+func checkGossipKeyExample(t *testing.T, path, namespace, name, key string) {
+	t.Helper()
+	data, err := os.ReadFile(path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,25 +301,19 @@ func TestGossipKeySecretExample(t *testing.T) {
 	}
 	s, ok := obj.(*corev1.Secret)
 	if !ok {
-		t.Fatalf("%s is a %T, want a Secret", secretExample, obj)
+		t.Fatalf("%s is a %T, want a Secret", path, obj)
 	}
-	k := overlayKit(t)
-	vol, mount := volumeFor(t, k, func(v corev1.Volume) bool { return v.Secret != nil })
-	if s.Name != vol.Secret.SecretName || s.Namespace != k.namespace {
-		t.Errorf("example Secret is %s/%s, the StatefulSet mounts %s/%s", s.Namespace, s.Name, k.namespace, vol.Secret.SecretName)
+	if s.Name != name || s.Namespace != namespace {
+		t.Errorf("%s: Secret %s/%s, the pods mount %s/%s", path, s.Namespace, s.Name, namespace, name)
 	}
-	keyFile := mustFlag(t, k.container(t).Args, "gossip-key-file")
-	if filepath.Dir(keyFile) != filepath.Clean(mount.MountPath) {
-		t.Errorf("--gossip-key-file=%s is not in the Secret's mount %s", keyFile, mount.MountPath)
-	}
-	placeholder, ok := s.StringData[filepath.Base(keyFile)]
+	placeholder, ok := s.StringData[key]
 	if !ok || len(s.StringData)+len(s.Data) != 1 {
-		t.Fatalf("example Secret should hold exactly the key %q, has %v", filepath.Base(keyFile), sortedKeys(s.StringData))
+		t.Fatalf("%s: example Secret should hold exactly the key %q, has %v", path, key, sortedKeys(s.StringData))
 	}
 	// The placeholder must never work as a key, so that applying the
 	// example by mistake fails loudly.
 	if b, err := base64.StdEncoding.DecodeString(strings.TrimSpace(placeholder)); err == nil && (len(b) == 16 || len(b) == 24 || len(b) == 32) {
-		t.Errorf("the example Secret holds a usable key; commit a placeholder, never a key")
+		t.Errorf("%s holds a usable key; commit a placeholder, never a key", path)
 	}
 }
 
@@ -706,6 +743,17 @@ func checkKit(t *testing.T, k *kit) {
 				if len(hits) != 1 || ep.Path != "/metrics" {
 					t.Errorf("ServiceMonitor endpoint %q %s selects Services %v; want exactly one, path /metrics", ep.Port, ep.Path, hits)
 				}
+			}
+		}
+		if len(k.prometheusRules) != len(k.serviceMonitors) {
+			t.Errorf("%d PrometheusRules with %d ServiceMonitors: the monitoring component adds one of each", len(k.prometheusRules), len(k.serviceMonitors))
+		}
+		for _, pr := range k.prometheusRules {
+			if ns := pr.Metadata.Namespace; ns != sts.Namespace {
+				t.Errorf("PrometheusRule in namespace %q, pods in %q", ns, sts.Namespace)
+			}
+			if !reflect.DeepEqual(pr.Spec, loadRules(t)) {
+				t.Errorf("PrometheusRule %s is not %s", pr.Metadata.Name, rulesFile)
 			}
 		}
 	})

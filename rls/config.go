@@ -1,7 +1,8 @@
 // Package rls is ringlimit's Envoy rate limit service (RLS v3): it owns the
-// envoyproxy/ratelimit configuration (YAML files, validation, the descriptor
-// match tree, reloading on change), the counter key codec, and the service
-// that answers ShouldRateLimit.
+// envoyproxy/ratelimit configuration (YAML files or RateLimitConfig
+// resources from an xDS server, validation, the descriptor match tree,
+// reloading on change), the counter key codec, and the service that answers
+// ShouldRateLimit.
 //
 // A *Config and everything reachable from it (Domain, Rule) is immutable once
 // Load or Parse returns it, and is safe for concurrent use; a reload builds a
@@ -14,6 +15,7 @@ import (
 	"strings"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ringlimit/ringlimit/bucket"
 )
@@ -50,6 +52,15 @@ type Rule struct {
 	// ShadowMode is the descriptor's shadow_mode: count and report, but
 	// never answer OVER_LIMIT.
 	ShadowMode bool
+	// QuotaMode is the descriptor's quota_mode: the rule's status says
+	// OVER_LIMIT as usual, but it makes the overall code OVER_LIMIT only
+	// when every quota-mode descriptor of the request is over (see
+	// Options.QuotaMode).
+	QuotaMode bool
+	// Metadata is the descriptor's metadata, returned in the response's
+	// dynamic metadata (Options.DynamicMetadata); nil if none. It must not
+	// be modified.
+	Metadata *structpb.Struct
 	// DetailedMetric is the descriptor's detailed_metric.
 	DetailedMetric bool
 	// SharedCounter is true when a descriptor on the rule's path has
@@ -77,13 +88,8 @@ type Config struct {
 	names   []string // sorted domain names
 	rules   []*Rule  // by Index
 	dump    string
-	skipped []string // subdirectories Load did not read
+	version string // the xDS version_info it came as; "" from files
 }
-
-// SkippedDirs lists the subdirectories of the config directory that Load did
-// not read (dot-directories, such as a ConfigMap's, aside). The reference
-// reads the files in them, so a config placed there is missing here.
-func (c *Config) SkippedDirs() []string { return slices.Clone(c.skipped) }
 
 // Domain is one domain's descriptor tree. It is immutable and safe for
 // concurrent use. A nil *Domain is an unknown domain: it matches nothing.
@@ -121,7 +127,7 @@ func (c *Config) Domains() []string {
 
 // Dump returns the config as the reference's /rlconfig shows it: one line per
 // rule, in Rules() order, "<StatKey>: unit=MINUTE requests_per_unit=100,
-// shadow_mode: false". Unlimited rules show unit=UNKNOWN. A rule with
+// shadow_mode: false, quota_mode: false". Unlimited rules show unit=UNKNOWN. A rule with
 // another algorithm than fixed_window adds ", algorithm: sliding_window" or
 // ", algorithm: token_bucket, burst: 20".
 func (c *Config) Dump() string {
@@ -194,8 +200,8 @@ func (e *FieldError) Error() string {
 
 // cfgDumpRule formats one /rlconfig line.
 func cfgDumpRule(b *strings.Builder, r *Rule) {
-	fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t",
-		r.StatKey, r.Unit.String(), r.RequestsPerUnit, r.ShadowMode)
+	fmt.Fprintf(b, "%s: unit=%s requests_per_unit=%d, shadow_mode: %t, quota_mode: %t",
+		r.StatKey, r.Unit.String(), r.RequestsPerUnit, r.ShadowMode, r.QuotaMode)
 	cfgDumpExt(b, r)
 	b.WriteByte('\n')
 }

@@ -316,7 +316,7 @@ func TestSeedConfig(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got, want := c.Dump(), "ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false\n"; got != want {
+	if got, want := c.Dump(), "ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false\n"; got != want {
 		t.Errorf("Dump = %q, want %q", got, want)
 	}
 	d := c.Domain("ratelimit")
@@ -336,29 +336,31 @@ func TestSeedConfig(t *testing.T) {
 	}
 }
 
-// TestLoadFullDirectory reads every regular file whatever its extension,
-// skipping dotfiles and subdirectories, and orders rules by domain.
+// TestLoadFullDirectory reads every regular file whatever its extension, in
+// subdirectories too, skipping dotfiles and dot-directories, and orders
+// rules by domain.
 func TestLoadFullDirectory(t *testing.T) {
 	c, err := Load("testdata/full", LoadOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := `api.remote_address: unit=SECOND requests_per_unit=50, shadow_mode: false
-api.remote_address.PATH_GET /login: unit=MINUTE requests_per_unit=10, shadow_mode: false
-api.remote_address.PATH_GET /static/*: unit=UNKNOWN requests_per_unit=0, shadow_mode: false
-api.remote_address.PATH: unit=HOUR requests_per_unit=1000, shadow_mode: false
-api.generic_key_blocked: unit=DAY requests_per_unit=0, shadow_mode: false
-api.generic_key_shadow: unit=WEEK requests_per_unit=5, shadow_mode: true
-api.header_match_tenant-*-eu: unit=MONTH requests_per_unit=1000000, shadow_mode: false
-api.destination_cluster: unit=YEAR requests_per_unit=4294967295, shadow_mode: false
-internal.service_a: unit=MINUTE requests_per_unit=60, shadow_mode: false
-internal.service_b: unit=MINUTE requests_per_unit=60, shadow_mode: false
-internal.service_c: unit=MINUTE requests_per_unit=120, shadow_mode: false
+	want := `api.remote_address: unit=SECOND requests_per_unit=50, shadow_mode: false, quota_mode: false
+api.remote_address.PATH_GET /login: unit=MINUTE requests_per_unit=10, shadow_mode: false, quota_mode: false
+api.remote_address.PATH_GET /static/*: unit=UNKNOWN requests_per_unit=0, shadow_mode: false, quota_mode: false
+api.remote_address.PATH: unit=HOUR requests_per_unit=1000, shadow_mode: false, quota_mode: false
+api.generic_key_blocked: unit=DAY requests_per_unit=0, shadow_mode: false, quota_mode: false
+api.generic_key_shadow: unit=WEEK requests_per_unit=5, shadow_mode: true, quota_mode: false
+api.header_match_tenant-*-eu: unit=MONTH requests_per_unit=1000000, shadow_mode: false, quota_mode: true
+api.destination_cluster: unit=YEAR requests_per_unit=4294967295, shadow_mode: false, quota_mode: false
+internal.service_a: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false
+internal.service_b: unit=MINUTE requests_per_unit=60, shadow_mode: false, quota_mode: false
+internal.service_c: unit=MINUTE requests_per_unit=120, shadow_mode: false, quota_mode: false
+nested.tenant: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false
 `
 	if got := c.Dump(); got != want {
 		t.Errorf("Dump:\n%s\nwant:\n%s", got, want)
 	}
-	if got := strings.Join(c.Domains(), ","); got != "api,internal" {
+	if got := strings.Join(c.Domains(), ","); got != "api,internal,nested" {
 		t.Errorf("Domains = %s", got)
 	}
 	for i, r := range c.Rules() {
@@ -413,29 +415,39 @@ func TestLoad(t *testing.T) {
 		wantErr []string // with "$D" for the directory
 	}{
 		{name: "empty directory is an empty config"},
-		{name: "dotfiles and subdirectories are skipped",
-			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: [", "sub/c.yaml": "garbage: ["},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+		{name: "dotfiles and dot-directories are skipped",
+			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: [", ".sub/c.yaml": "garbage: [", "..2026_01_01/d": "garbage: ["},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
+		{name: "subdirectories are read, depth first in name order",
+			files: map[string]string{"b": cfgRule("d", "b", 1), "a/z": cfgRule("d", "az", 2), "a/b/c": cfgRule("d", "abc", 3), "c": cfgRule("e", "c", 4)},
+			opt:   LoadOptions{MergeDomains: true},
+			dump: "d.abc: unit=MINUTE requests_per_unit=3, shadow_mode: false, quota_mode: false\n" +
+				"d.az: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n" +
+				"d.b: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n" +
+				"e.c: unit=MINUTE requests_per_unit=4, shadow_mode: false, quota_mode: false\n"},
+		{name: "an error in a subdirectory names the file",
+			files:   map[string]string{"a": cfgRule("d", "k", 1), "sub/b": cfgRule("d", "j", 2)},
+			wantErr: []string{"rls: $D/sub/b: domain: duplicate domain 'd' in config file"}},
 		{name: "IgnoreDotfiles changes nothing",
 			files: map[string]string{"a": cfgRule("a", "k", 1), ".b.yaml": "garbage: ["},
 			opt:   LoadOptions{IgnoreDotfiles: true},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "a single file", path: "one.yml",
 			files: map[string]string{"one.yml": cfgRule("a", "k", 1), "two.yml": "garbage: ["},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "a single dotfile is read when named", path: ".one",
 			files: map[string]string{".one": cfgRule("a", "k", 1)},
-			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "domains sorted whatever the file order",
 			files: map[string]string{"1.yaml": cfgRule("zeta", "k", 1), "2.yaml": cfgRule("alpha", "k", 2)},
-			dump:  "alpha.k: unit=MINUTE requests_per_unit=2, shadow_mode: false\nzeta.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\n"},
+			dump:  "alpha.k: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\nzeta.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
 		{name: "duplicate domain",
 			files:   map[string]string{"a.yaml": cfgRule("d", "k", 1), "b.yaml": cfgRule("d", "j", 2)},
 			wantErr: []string{"rls: $D/b.yaml: domain: duplicate domain 'd' in config file"}},
 		{name: "merged domains",
 			files: map[string]string{"a.yaml": cfgRule("d", "k", 1), "b.yaml": cfgRule("d", "j", 2)},
 			opt:   LoadOptions{MergeDomains: true},
-			dump:  "d.k: unit=MINUTE requests_per_unit=1, shadow_mode: false\nd.j: unit=MINUTE requests_per_unit=2, shadow_mode: false\n"},
+			dump:  "d.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\nd.j: unit=MINUTE requests_per_unit=2, shadow_mode: false, quota_mode: false\n"},
 		{name: "merged domains still reject duplicate descriptors",
 			files:   map[string]string{"a.yaml": cfgRule("d", "k", 1), "b.yaml": cfgRule("d", "k", 2)},
 			opt:     LoadOptions{MergeDomains: true},
@@ -455,12 +467,21 @@ func TestLoad(t *testing.T) {
 				cfgSymlink(t, "..data/ratelimit.yaml", filepath.Join(dir, "ratelimit.yaml"))
 				cfgSymlink(t, "..data/removed.yaml", filepath.Join(dir, "removed.yaml")) // dangling
 			},
-			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false\n"},
-		{name: "symlink to a directory is skipped",
+			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false\n"},
+		{name: "a directory reached through a symlink too is read once; a symlink loop ends",
 			setup: func(t *testing.T, dir string) {
 				cfgWrite(t, dir, map[string]string{"real/a.yaml": cfgRule("a", "k", 1)})
 				cfgSymlink(t, "real", filepath.Join(dir, "link"))
-			}},
+				cfgSymlink(t, "..", filepath.Join(dir, "real", "up"))
+			},
+			dump: "a.k: unit=MINUTE requests_per_unit=1, shadow_mode: false, quota_mode: false\n"},
+		{name: "a ConfigMap item in a subdirectory is read through its link",
+			setup: func(t *testing.T, dir string) {
+				cfgWrite(t, dir, map[string]string{"..2026_01_01/sub/a.yaml": cfgRule("cm", "k", 7)})
+				cfgSymlink(t, "..2026_01_01", filepath.Join(dir, "..data"))
+				cfgSymlink(t, "..data/sub", filepath.Join(dir, "sub"))
+			},
+			dump: "cm.k: unit=MINUTE requests_per_unit=7, shadow_mode: false, quota_mode: false\n"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -602,7 +623,38 @@ descriptors:
 	_, err = Parse("ratelimit.yaml", []byte("domain: ratelimit\ndescriptors:\n  - key: PATH\n    rate_limit: {unit: fortnight}\n"))
 	fmt.Println(err)
 	// Output:
-	// ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false
+	// ratelimit.remote_address.PATH: unit=MINUTE requests_per_unit=100, shadow_mode: false, quota_mode: false
 	// ratelimit.remote_address.PATH 100 MINUTE
 	// rls: ratelimit.yaml: descriptors[0].rate_limit.unit: invalid rate limit unit 'fortnight'
+}
+
+// TestParseDepthBound: descriptors nested 64 levels deep load; one level
+// more is an error naming the file, as is metadata nested deeper than 64.
+func TestParseDepthBound(t *testing.T) {
+	nest := func(levels int) string {
+		s := "{key: k, rate_limit: {unit: minute, requests_per_unit: 1}}"
+		for range levels - 1 {
+			s = "{key: k, descriptors: [" + s + "]}"
+		}
+		return "domain: d\ndescriptors: [" + s + "]\n"
+	}
+	c, err := Parse("deep.yaml", []byte(nest(cfgMaxDepth)))
+	if err != nil {
+		t.Fatalf("%d levels: %v", cfgMaxDepth, err)
+	}
+	if n := len(c.Rules()); n != 1 {
+		t.Fatalf("%d levels: %d rules, want 1", cfgMaxDepth, n)
+	}
+	if _, err := Parse("deep.yaml", []byte(nest(cfgMaxDepth+1))); err == nil ||
+		!strings.Contains(err.Error(), "rls: deep.yaml: ") || !strings.Contains(err.Error(), "descriptors nested deeper than 64 levels") {
+		t.Fatalf("%d levels: err = %v", cfgMaxDepth+1, err)
+	}
+	meta := "1"
+	for range cfgMaxDepth + 1 {
+		meta = "{m: " + meta + "}"
+	}
+	_, err = Parse("meta.yaml", []byte("domain: d\ndescriptors: [{key: k, metadata: "+meta+"}]\n"))
+	if err == nil || !strings.Contains(err.Error(), "metadata nested deeper than 64 levels") {
+		t.Fatalf("deep metadata: err = %v", err)
+	}
 }

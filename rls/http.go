@@ -24,23 +24,19 @@ func (s *Service) maxJSONBody() int64 {
 }
 
 // HTTPHandler serves the reference's HTTP API: /healthcheck answers 200 "OK"
-// when ready, else 503 with "NOT READY: " and the reason in plain text: "no
-// config loaded" before SetConfig, else what notReady returns ("" when
-// ready; nil means always ready). /json decides a protojson
-// RateLimitRequest (camelCase or snake_case), answering 200 when OK, 429
-// when over the limit and 400 for a bad body.
+// when ready, else 500 (as the reference does) with "NOT READY: " and the
+// reason in plain text, what notReady returns ("" when ready; nil means
+// always ready). /json decides a protojson RateLimitRequest (camelCase or
+// snake_case) sent with any method, answering 200 when OK, 429 when over
+// the limit and 400 for a bad body.
 func (s *Service) HTTPHandler(notReady func() string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
-		reason := ""
-		if !s.state.Load().loaded {
-			reason = "no config loaded"
-		} else if notReady != nil {
-			reason = notReady()
-		}
-		if reason != "" {
-			http.Error(w, "NOT READY: "+reason, http.StatusServiceUnavailable)
-			return
+		if notReady != nil {
+			if reason := notReady(); reason != "" {
+				http.Error(w, "NOT READY: "+reason, http.StatusInternalServerError)
+				return
+			}
 		}
 		io.WriteString(w, "OK")
 	})
@@ -56,11 +52,6 @@ func (s *Service) HTTPHandler(notReady func() string) http.Handler {
 const MaxJSONInFlight = 16
 
 func (s *Service) serveJSON(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodPost {
-		w.Header().Set("Allow", http.MethodPost)
-		http.Error(w, "rls: /json takes a POST", http.StatusMethodNotAllowed)
-		return
-	}
 	select {
 	case s.jsonSlots <- struct{}{}:
 		defer func() { <-s.jsonSlots }()

@@ -4,14 +4,13 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"io/fs"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
 
 	pb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
 )
 
@@ -42,8 +41,10 @@ type LoadOptions struct {
 // have ringlimit's algorithm (fixed_window, the default, sliding_window or
 // token_bucket, in any case) and burst (token_bucket only, at least 1,
 // default requests_per_unit); a rule using them carries Rule.Extension. Units are second,
-// minute, hour, day, week, month and year, in any case. The newer reference
-// fields quota_mode, value_to_metric and metadata are accepted and ignored;
+// minute, hour, day, week, month and year, in any case. A descriptor's
+// quota_mode sets Rule.QuotaMode and its metadata Rule.Metadata; the newer
+// reference field value_to_metric is accepted and ignored, and so are
+// quota_mode and metadata inside rate_limit, as the reference does;
 // share_threshold (only on a value containing '*', as the reference checks)
 // makes every value the pattern matches count on one counter (see
 // Rule.SharedCounter). Any other key is an error, at any level.
@@ -53,12 +54,13 @@ func Parse(file string, data []byte) (*Config, error) {
 	return b.finish()
 }
 
-// Load reads a config file, or every regular file of a directory (whatever
-// its extension, following symlinks, in name order), skipping names that
-// start with "." and subdirectories (listed by Config.SkippedDirs, as
-// envoyproxy/ratelimit would read files in them). An empty directory gives
-// an empty, valid Config. Errors are those of Parse for every file, joined, plus a
-// duplicate domain across files when opt.MergeDomains is false.
+// Load reads a config file, or every regular file of a directory and of its
+// subdirectories, at any depth (whatever the file's extension, following
+// symlinks, in name order, depth first), skipping names that start with "."
+// at every level, as envoyproxy/ratelimit reads its runtime directory. An
+// empty directory gives an empty, valid Config. Errors are those of Parse
+// for every file, joined, plus a duplicate domain across files when
+// opt.MergeDomains is false.
 func Load(path string, opt LoadOptions) (*Config, error) {
 	st, err := os.Stat(path)
 	if err != nil {
@@ -73,48 +75,17 @@ func Load(path string, opt LoadOptions) (*Config, error) {
 		b.addFile(path, data)
 		return b.finish()
 	}
-	ents, err := os.ReadDir(path) // sorted by name
-	if err != nil {
-		return nil, fmt.Errorf("rls: %w", err)
-	}
 	var readErrs []error
-	var skipped []string
-	for _, e := range ents {
-		if strings.HasPrefix(e.Name(), ".") {
-			continue
-		}
-		full := filepath.Join(path, e.Name())
-		fi, err := os.Stat(full) // follows symlinks
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) && e.Type()&fs.ModeSymlink != 0 {
-				// A dangling symlink: Kubernetes removes the link of a
-				// deleted key just after swapping ..data.
-				continue
-			}
-			readErrs = append(readErrs, fmt.Errorf("rls: %w", err))
-			continue
-		}
-		if fi.IsDir() {
-			skipped = append(skipped, full)
-			continue
-		}
-		if !fi.Mode().IsRegular() {
-			continue // no FIFO that would block a read
-		}
-		data, err := os.ReadFile(full)
+	walkErrs := walkConfigDir(path, func(file string) {
+		data, err := os.ReadFile(file)
 		if err != nil {
 			readErrs = append(readErrs, fmt.Errorf("rls: %w", err))
-			continue
+			return
 		}
-		b.addFile(full, data)
-	}
-	b.errs = append(readErrs, b.errs...)
-	cfg, err := b.finish()
-	if err != nil {
-		return nil, err
-	}
-	cfg.skipped = skipped
-	return cfg, nil
+		b.addFile(file, data)
+	}, nil)
+	b.errs = append(append(walkErrs, readErrs...), b.errs...)
+	return b.finish()
 }
 
 // A file may expand to at most cfgBaseNodes + cfgNodesPerByte*len(data)
@@ -140,6 +111,8 @@ type cfgDesc struct {
 	key, value string
 	rate       *cfgRate // nil: no rate_limit
 	shadow     bool
+	quota      bool             // quota_mode
+	meta       *structpb.Struct // metadata; nil if none
 	detailed   bool
 	share      bool // share_threshold (value contains '*')
 	children   []*cfgDesc
@@ -405,6 +378,11 @@ func (p *cfgParser) parseFile(data []byte) (domain string, domainLine int, descs
 	if doc.Kind == yaml.DocumentNode && len(doc.Content) > 0 {
 		root = doc.Content[0]
 	}
+	return p.parseRoot(root)
+}
+
+// parseRoot parses a file's top-level mapping (nil: an empty file).
+func (p *cfgParser) parseRoot(root *yaml.Node) (domain string, domainLine int, descs []*cfgDesc) {
 	ps, ok := p.pairs(root, "")
 	if !ok {
 		return "", 0, nil
@@ -558,8 +536,10 @@ func (p *cfgParser) descriptor(n *yaml.Node, path string, depth int) *cfgDesc {
 			p.boolean(pr.val, fp) // accepted, ignored
 		case "share_threshold":
 			d.share, shareLine = p.boolean(pr.val, fp), pr.line
-		case "quota_mode", "metadata":
-			// Newer reference fields: accepted, ignored, not checked.
+		case "quota_mode":
+			d.quota = p.boolean(pr.val, fp)
+		case "metadata":
+			d.meta = p.metadata(pr.val, fp)
 		default:
 			p.failYAML(fp, pr.line, "unknown key '%s'", pr.key)
 		}
@@ -619,7 +599,8 @@ func (p *cfgParser) rateLimit(n *yaml.Node, path string) *cfgRate {
 		case "algorithm", "burst":
 			p.rateExt(&r.ext, pr, fp)
 		case "quota_mode", "metadata":
-			// Newer reference fields: accepted, ignored, not checked.
+			// Keys the reference allows here but ignores (they belong to
+			// the descriptor): accepted, ignored, not checked.
 		default:
 			p.failYAML(fp, pr.line, "unknown key '%s'", pr.key)
 		}
@@ -682,6 +663,21 @@ func cfgNewBuilder(merge bool) *cfgBuilder {
 func (b *cfgBuilder) addFile(file string, data []byte) {
 	p := &cfgParser{file: file, budget: cfgBaseNodes + cfgNodesPerByte*len(data)}
 	domain, domainLine, descs := p.parseFile(data)
+	b.add(p, domain, domainLine, descs)
+}
+
+// addNode adds a config given as a YAML node tree rather than as text (the
+// xDS resources, see xds_convert.go), through the same parser and checks
+// as a file; nodes is how many nodes the tree has, its budget.
+func (b *cfgBuilder) addNode(file string, root *yaml.Node, nodes int) {
+	p := &cfgParser{file: file, budget: cfgBaseNodes + nodes}
+	domain, domainLine, descs := p.parseRoot(root)
+	b.add(p, domain, domainLine, descs)
+}
+
+// add adds one parsed file to the config being built.
+func (b *cfgBuilder) add(p *cfgParser, domain string, domainLine int, descs []*cfgDesc) {
+	file := p.file
 	if domain != "" && p.budget > 0 {
 		cd := b.domains[domain]
 		switch {
@@ -740,6 +736,8 @@ func (b *cfgBuilder) insert(p *cfgParser, cd *cfgDomain, parent *matchNode, pref
 				Unit:            r.unit,
 				RequestsPerUnit: r.rpu,
 				ShadowMode:      d.shadow,
+				QuotaMode:       d.quota,
+				Metadata:        d.meta,
 				DetailedMetric:  d.detailed,
 				SharedCounter:   shared,
 			}

@@ -94,8 +94,17 @@ type Options struct {
 	// ShadowMode forces every response's overall code to OK; the
 	// per-descriptor codes still say what would have happened.
 	ShadowMode bool
-	// StopIncrementWhenOverLimit: a request that is over the limit on any
-	// descriptor consumes quota from none of them.
+	// QuotaMode treats every rule as a quota_mode rule (the reference's
+	// QUOTA_MODE): see Rule.QuotaMode.
+	QuotaMode bool
+	// DynamicMetadata sets the response's dynamic_metadata, as the
+	// reference's RESPONSE_DYNAMIC_METADATA: the domain, the descriptors
+	// and the metadata of the rules that were not over their limit (see
+	// dynamicMetadata).
+	DynamicMetadata bool
+	// StopIncrementWhenOverLimit: when a request would put any of its
+	// descriptors over the limit, only those descriptors count its hits
+	// (as in envoyproxy/ratelimit): the others consume nothing.
 	StopIncrementWhenOverLimit bool
 	// NearLimitRatio sets the near_limit stat threshold (default 0.8).
 	NearLimitRatio float64
@@ -109,7 +118,17 @@ type Options struct {
 	Clock func() int64
 	// Logger receives service logs; nil discards them.
 	Logger *slog.Logger
+	// Unconfigured starts the service with no configuration at all rather
+	// than an empty one: until the first SetConfig, every ShouldRateLimit
+	// that passes validation fails with ErrNoConfig (gRPC Unknown), as
+	// envoyproxy/ratelimit answers before its first xDS config.
+	Unconfigured bool
 }
+
+// ErrNoConfig is the error of a request decided before the first
+// configuration of a service started with Options.Unconfigured. It maps to
+// gRPC Unknown, with the reference's message.
+var ErrNoConfig = errors.New("no rate limit configuration loaded")
 
 // Service is the Envoy-facing RLS v3 service. It is safe for concurrent use;
 // the configuration is swapped atomically by SetConfig.
@@ -136,7 +155,6 @@ type configState struct {
 	// overrides holds, by domain, the stats and stat key that request-level
 	// limit overrides are counted under, built once per config.
 	overrides map[string]overrideStats
-	loaded    bool // set by SetConfig; false for the empty config NewService starts with
 }
 
 // overrideStats is where a domain's request-level limit overrides count.
@@ -187,14 +205,16 @@ func NewService(opt Options, counter Counter, metrics *Metrics) (*Service, error
 		s.now = func() int64 { return time.Now().UnixNano() }
 	}
 	s.scratch.New = func() any { return new(requestScratch) }
-	s.state.Store(&configState{cfg: &Config{}}) // not a load: no config_load_success
+	if !opt.Unconfigured {
+		s.state.Store(&configState{cfg: &Config{}}) // not a load: no config_load_success
+	}
 	return s, nil
 }
 
 // SetConfig makes cfg the configuration every following request sees, and
 // counts a successful load.
 func (s *Service) SetConfig(cfg *Config) {
-	st := &configState{cfg: cfg, loaded: true, stats: make([]*ruleStats, len(cfg.Rules())), overrides: map[string]overrideStats{}}
+	st := &configState{cfg: cfg, stats: make([]*ruleStats, len(cfg.Rules())), overrides: map[string]overrideStats{}}
 	for _, r := range cfg.Rules() {
 		st.stats[r.Index] = s.metrics.rule(r)
 	}
@@ -212,8 +232,18 @@ func (s *Service) ConfigError(err error) {
 	s.log.Error("config reload failed, keeping the last good config", "err", err)
 }
 
-// Config returns the configuration in use.
-func (s *Service) Config() *Config { return s.state.Load().cfg }
+// Config returns the configuration in use: nil before the first SetConfig of
+// a service started with Options.Unconfigured.
+func (s *Service) Config() *Config {
+	if st := s.state.Load(); st != nil {
+		return st.cfg
+	}
+	return nil
+}
+
+// HasConfig reports whether the service has a configuration: always, unless
+// it was started with Options.Unconfigured and SetConfig was not called yet.
+func (s *Service) HasConfig() bool { return s.state.Load() != nil }
 
 // Register registers the RLS v3 service on g.
 func (s *Service) Register(g *grpc.Server) { pb.RegisterRateLimitServiceServer(g, s) }
@@ -226,6 +256,7 @@ type requestScratch struct {
 	idx       []int // descriptor index of each op
 	ops       []bucket.Op
 	results   []bucket.Result
+	hits      []uint64 // count's copy of the ops' hits
 	keys      []byte
 	offs      []int // key offsets into keys
 }
@@ -257,6 +288,8 @@ func toStatus(err error) error {
 	switch {
 	case errors.As(err, &inv):
 		return status.Error(codes.InvalidArgument, err.Error())
+	case errors.Is(err, ErrNoConfig):
+		return status.Error(codes.Unknown, err.Error())
 	case errors.Is(err, context.Canceled):
 		return status.Error(codes.Canceled, err.Error())
 	case errors.Is(err, context.DeadlineExceeded):
@@ -326,6 +359,9 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 	}
 	now := s.now()
 	st := s.state.Load()
+	if st == nil {
+		return nil, ErrNoConfig
+	}
 	n := len(req.Descriptors)
 	resp := newResponse(n)
 	dom := st.cfg.Domain(req.Domain)
@@ -333,6 +369,9 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		s.metrics.domainNotFound(req.Domain, n)
 		for i := range resp.Statuses {
 			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
+		}
+		if s.opt.DynamicMetadata {
+			resp.DynamicMetadata = dynamicMetadata(req, nil, resp.Statuses)
 		}
 		return resp, nil
 	}
@@ -389,12 +428,23 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		sc.results = make([]bucket.Result, len(sc.ops))
 	}
 	sc.results = sc.results[:len(sc.ops)]
-	s.count(ctx, now, sc.ops, sc.results)
+	if cap(sc.hits) < len(sc.ops) {
+		sc.hits = make([]uint64, len(sc.ops))
+	}
+	s.count(ctx, now, sc.ops, sc.results, sc.hits)
 
-	// Statuses.
+	// Statuses. As in the reference, the overall code is OVER_LIMIT when a
+	// descriptor that is not in quota mode is over, or when every one in
+	// quota mode is (and there is one); unlimited descriptors are neither.
+	var overRate, overQuota, quota int
 	k := 0
 	for i, d := range req.Descriptors {
 		r := sc.rules[i]
+		if r == nil || !r.Unlimited {
+			if s.quotaMode(r) {
+				quota++
+			}
+		}
 		switch {
 		case r == nil:
 			resp.Statuses[i] = &pb.RateLimitResponse_DescriptorStatus{Code: pb.RateLimitResponse_OK}
@@ -411,7 +461,11 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		code := pb.RateLimitResponse_OK
 		if res.Over && !r.ShadowMode {
 			code = pb.RateLimitResponse_OVER_LIMIT
-			resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+			if s.quotaMode(r) {
+				overQuota++
+			} else {
+				overRate++
+			}
 		}
 		sc.stats[i].record(r, op.Hits, res, s.opt.NearLimitRatio)
 		b := new(limitedStatus) // one allocation for the status and its two sub-messages
@@ -423,8 +477,14 @@ func (s *Service) decide(ctx context.Context, req *pb.RateLimitRequest) (*pb.Rat
 		b.status.DurationUntilReset = &b.reset
 		resp.Statuses[i] = &b.status
 	}
+	if overRate > 0 || (quota > 0 && overQuota == quota) {
+		resp.OverallCode = pb.RateLimitResponse_OVER_LIMIT
+	}
 	if s.opt.ResponseHeaders {
-		resp.ResponseHeadersToAdd = s.headers(resp.Statuses)
+		resp.ResponseHeadersToAdd = s.headers(resp.Statuses, sc.rules)
+	}
+	if s.opt.DynamicMetadata {
+		resp.DynamicMetadata = dynamicMetadata(req, sc.rules, resp.Statuses)
 	}
 	if s.opt.ShadowMode {
 		resp.OverallCode = pb.RateLimitResponse_OK
@@ -455,31 +515,41 @@ func newResponse(n int) *pb.RateLimitResponse {
 	return &pb.RateLimitResponse{OverallCode: pb.RateLimitResponse_OK, Statuses: make([]*pb.RateLimitResponse_DescriptorStatus, n)}
 }
 
-// count applies ops, honouring StopIncrementWhenOverLimit: with it, a
-// request that any descriptor would put over its limit consumes nothing.
-func (s *Service) count(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+// count applies ops, honouring StopIncrementWhenOverLimit as the reference
+// does: the hits are first checked without being counted; when none would
+// put its descriptor over its limit, all are counted; otherwise only the
+// descriptors that would be over count their hits, and the others count
+// nothing and report their count as it stands. A request with one
+// descriptor is therefore counted whether or not it is over, as without the
+// option. hits is scratch space; ops' Hits are as given when count returns.
+func (s *Service) count(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, hits []uint64) {
 	if len(ops) == 0 {
 		return
 	}
-	if !s.opt.StopIncrementWhenOverLimit {
+	if !s.opt.StopIncrementWhenOverLimit || len(ops) == 1 {
 		s.counter.Apply(ctx, now, ops, results)
 		return
 	}
-	if len(ops) > 1 {
-		for i := range ops {
-			ops[i].Mode = bucket.Peek
-		}
-		s.counter.Apply(ctx, now, ops, results)
-		for i := range results {
-			if results[i].Over {
-				return // peeked results are the answer; nothing consumed
-			}
-		}
-	}
 	for i := range ops {
-		ops[i].Mode = bucket.StopOnOver
+		ops[i].Mode = bucket.Peek
 	}
 	s.counter.Apply(ctx, now, ops, results)
+	anyOver := false
+	for i := range results {
+		anyOver = anyOver || results[i].Over
+	}
+	hits = hits[:len(ops)]
+	for i := range ops {
+		hits[i] = ops[i].Hits
+		ops[i].Mode = bucket.Consume
+		if anyOver && !results[i].Over {
+			ops[i].Hits = 0 // checks only: the count as it stands
+		}
+	}
+	s.counter.Apply(ctx, now, ops, results)
+	for i := range ops {
+		ops[i].Hits = hits[i]
+	}
 }
 
 // dropReplaced removes every matched rule whose name another matched rule
@@ -535,15 +605,22 @@ func resetSeconds(ns int64) int64 {
 	return (ns + int64(time.Second) - 1) / int64(time.Second)
 }
 
+// quotaMode reports whether a descriptor matched to r (nil: none) is in
+// quota mode.
+func (s *Service) quotaMode(r *Rule) bool {
+	return s.opt.QuotaMode || (r != nil && r.QuotaMode)
+}
+
 // headers builds the optional RateLimit-* headers from the descriptor with
 // the least remaining quota (the first of equals), except that, as in the
-// reference, the last over-limit descriptor wins over any other.
-func (s *Service) headers(sts []*pb.RateLimitResponse_DescriptorStatus) []*core.HeaderValue {
+// reference, the last over-limit descriptor not in quota mode wins over any
+// other. rules are the descriptors' rules.
+func (s *Service) headers(sts []*pb.RateLimitResponse_DescriptorStatus, rules []*Rule) []*core.HeaderValue {
 	var min *pb.RateLimitResponse_DescriptorStatus
 	least := uint32(math.MaxUint32)
-	for _, st := range sts {
+	for i, st := range sts {
 		switch {
-		case st.Code == pb.RateLimitResponse_OVER_LIMIT:
+		case st.Code == pb.RateLimitResponse_OVER_LIMIT && !s.quotaMode(rules[i]):
 			min, least = st, 0
 		case st.CurrentLimit != nil && st.LimitRemaining < least:
 			min, least = st, st.LimitRemaining

@@ -425,25 +425,27 @@ func TestServiceTimelines(t *testing.T) {
 			svCount(t0, dom, svD("minute", "m"), 7),
 			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOver, pm(svOver, 0, 60))},
 		}},
-		{"StopIncrementWhenOverLimit: an over-limit hit does not increment", Options{StopIncrementWhenOverLimit: true}, []svStep{
+		{"StopIncrementWhenOverLimit: a lone descriptor counts when over, as in the reference", Options{StopIncrementWhenOverLimit: true}, []svStep{
 			{at: t0, req: svReq(dom, 4, svD("minute", "m")), want: svResp(svOK, pm(svOK, 1, 60))},
 			{at: t0, req: svReq(dom, 3, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
-			svCount(t0, dom, svD("minute", "m"), 4),
-			{at: t0, req: svReq(dom, 0, svHits(svD("minute", "m"), 0)), want: svResp(svOK, pm(svOK, 1, 60))},
-			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOK, pm(svOK, 0, 60))},
+			svCount(t0, dom, svD("minute", "m"), 7),
 			{at: t0, req: svReq(dom, 0, svD("minute", "m")), want: svResp(svOver, pm(svOver, 0, 60))},
-			svCount(t0, dom, svD("minute", "m"), 5),
+			svCount(t0, dom, svD("minute", "m"), 8),
 		}},
-		{"StopIncrementWhenOverLimit: a request over on any descriptor consumes from none", Options{StopIncrementWhenOverLimit: true}, []svStep{
+		{"StopIncrementWhenOverLimit: only the descriptors that are over count", Options{StopIncrementWhenOverLimit: true}, []svStep{
 			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
 				want: svResp(svOK, lim(svOK, 1, 0, 60), lim(svOK, 10, 9, 60))},
+			// a would be over: a counts, b does not and reports its count as it stands.
 			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
-				want: svResp(svOver, lim(svOver, 1, 0, 60), lim(svOK, 10, 8, 60))},
+				want: svResp(svOver, lim(svOver, 1, 0, 60), lim(svOK, 10, 9, 60))},
 			{at: t0, req: svReq(dom, 0, svD("b", "1"), svD("a", "1")),
-				want: svResp(svOver, lim(svOK, 10, 8, 60), lim(svOver, 1, 0, 60))},
-			svCount(t0, dom, svD("a", "1"), 1),
+				want: svResp(svOver, lim(svOK, 10, 9, 60), lim(svOver, 1, 0, 60))},
+			svCount(t0, dom, svD("a", "1"), 3),
 			svCount(t0, dom, svD("b", "1"), 1),
 			{at: t0, req: svReq(dom, 0, svD("b", "1")), want: svResp(svOK, lim(svOK, 10, 8, 60))},
+			// A request with nothing over counts on every descriptor.
+			{at: t1, req: svReq(dom, 0, svD("b", "1"), svD("minute", "s")),
+				want: svResp(svOK, lim(svOK, 10, 7, 59), pm(svOK, 4, 59))},
 		}},
 		{"by default an over-limit descriptor does not stop the others counting", Options{}, []svStep{
 			{at: t0, req: svReq(dom, 0, svD("a", "1"), svD("b", "1")),
@@ -529,6 +531,91 @@ func TestServiceTimelines(t *testing.T) {
 	}
 }
 
+// TestServiceStopIncrementReference plays the reference's rule for
+// StopIncrementWhenOverLimit: a descriptor that would be over still counts
+// its hits; when one is, the request's other descriptors count nothing.
+func TestServiceStopIncrementReference(t *testing.T) {
+	const cfg = `domain: stop
+descriptors:
+  - {key: a, rate_limit: {unit: hour, requests_per_unit: 2}}
+  - {key: b, rate_limit: {unit: hour, requests_per_unit: 5}}
+  - {key: c, rate_limit: {unit: hour, requests_per_unit: 10}}
+`
+	h := svNew(t, cfg, Options{StopIncrementWhenOverLimit: true})
+	st := func(code pb.RateLimitResponse_Code, rpu, rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, rpu, svHour, "", rem, 3600)
+	}
+	d := func(k string, hits uint64) *rlv3.RateLimitDescriptor { return svHits(svD(k, "x"), hits) }
+	svRun(t, h, []svStep{
+		{at: svT0, req: svReq("stop", 0, d("c", 8)), want: svResp(svOK, st(svOK, 10, 2))},
+		// Over: counted all the same, so a smaller request after it is over too.
+		{at: svT0, req: svReq("stop", 0, d("c", 5)), want: svResp(svOver, st(svOver, 10, 0))},
+		{at: svT0, req: svReq("stop", 0, d("c", 1)), want: svResp(svOver, st(svOver, 10, 0))},
+		svCount(svT0, "stop", svD("c", "x"), 14),
+		// c is over: a and b count nothing.
+		{at: svT0, req: svReq("stop", 0, d("a", 1), d("b", 1), d("c", 1)),
+			want: svResp(svOver, st(svOK, 2, 2), st(svOK, 5, 5), st(svOver, 10, 0))},
+		svCount(svT0, "stop", svD("a", "x"), 0),
+		svCount(svT0, "stop", svD("c", "x"), 15),
+		// Nothing over: both count.
+		{at: svT0, req: svReq("stop", 0, d("a", 1), d("b", 1)),
+			want: svResp(svOK, st(svOK, 2, 1), st(svOK, 5, 4))},
+		// a would be over: a counts, b reports its count as it stands.
+		{at: svT0, req: svReq("stop", 0, d("a", 2), d("b", 1)),
+			want: svResp(svOver, st(svOver, 2, 0), st(svOK, 5, 4))},
+		svCount(svT0, "stop", svD("a", "x"), 3),
+		svCount(svT0, "stop", svD("b", "x"), 1),
+	})
+}
+
+// TestServiceQuotaMode: as in the reference, a descriptor in quota mode
+// (its rule's quota_mode, or Options.QuotaMode for all) reports OVER_LIMIT
+// as usual, but makes the overall code OVER_LIMIT only when every
+// quota-mode descriptor of the request is over.
+func TestServiceQuotaMode(t *testing.T) {
+	const cfg = `domain: quota
+descriptors:
+  - {key: q1, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: q2, quota_mode: true, rate_limit: {unit: hour, requests_per_unit: 5}}
+  - {key: r, rate_limit: {unit: hour, requests_per_unit: 1}}
+  - {key: u, rate_limit: {unlimited: true}}
+`
+	st := func(code pb.RateLimitResponse_Code, rpu, rem uint32) *pb.RateLimitResponse_DescriptorStatus {
+		return svSt(code, rpu, svHour, "", rem, 3600)
+	}
+	d := func(k string) *rlv3.RateLimitDescriptor { return svD(k, "x") }
+	t.Run("per rule", func(t *testing.T) {
+		h := svNew(t, cfg, Options{})
+		svRun(t, h, []svStep{
+			{at: svT0, req: svReq("quota", 0, d("q1")), want: svResp(svOK, st(svOK, 1, 0))},
+			// Only some quota-mode descriptors over: OK overall.
+			{at: svT0, req: svReq("quota", 0, d("q1"), d("q2")), want: svResp(svOK, st(svOver, 1, 0), st(svOK, 5, 4))},
+			// Every quota-mode descriptor over (an unlimited one is none): over.
+			{at: svT0, req: svReq("quota", 0, d("q1"), d("u"), d("none")), want: svResp(svOver, st(svOver, 1, 0), svUnlSt(), svOKSt())},
+			{at: svT0, req: svReq("quota", 0, d("q1"), d("r")), want: svResp(svOver, st(svOver, 1, 0), st(svOK, 1, 0))},
+			// A rule not in quota mode over: over, whatever the quota.
+			{at: svT0, req: svReq("quota", 0, d("r"), d("q2")), want: svResp(svOver, st(svOver, 1, 0), st(svOK, 5, 3))},
+		})
+	})
+	t.Run("global", func(t *testing.T) {
+		h := svNew(t, cfg, Options{QuotaMode: true})
+		svRun(t, h, []svStep{
+			{at: svT0, req: svReq("quota", 0, d("r")), want: svResp(svOK, st(svOK, 1, 0))},
+			{at: svT0, req: svReq("quota", 0, d("r")), want: svResp(svOver, st(svOver, 1, 0))},
+			// A descriptor with no rule is in quota mode too, and not over.
+			{at: svT0, req: svReq("quota", 0, d("r"), d("none")), want: svResp(svOK, st(svOver, 1, 0), svOKSt())},
+			// An unlimited one is not.
+			{at: svT0, req: svReq("quota", 0, d("r"), d("u")), want: svResp(svOver, st(svOver, 1, 0), svUnlSt())},
+		})
+	})
+	t.Run("global shadow mode wins", func(t *testing.T) {
+		h := svNew(t, cfg, Options{ShadowMode: true})
+		svRun(t, h, []svStep{
+			{at: svT0, req: svReq("quota", 2, d("q1")), want: svResp(svOK, st(svOver, 1, 0))},
+		})
+	})
+}
+
 func TestServiceResponseHeaders(t *testing.T) {
 	hdr := func(names [3]string, limit, remaining, reset string) []*core.HeaderValue {
 		return []*core.HeaderValue{
@@ -560,6 +647,9 @@ func TestServiceResponseHeaders(t *testing.T) {
 			hdr(std, "5", "2", "50")},
 		{"a shadow rule over its limit counts by remaining only", Options{ResponseHeaders: true},
 			svReq("shapes", 0, svHits(svD("hour", "h"), 5), svHits(svD("shadow", "s"), 3)),
+			hdr(std, "5", "0", "3590")},
+		{"quota mode: an over-limit descriptor counts by remaining only", Options{ResponseHeaders: true, QuotaMode: true},
+			svReq("shapes", 0, svHits(svD("hour", "h"), 6), svHits(svD("a", "1"), 2), svD("b", "1")),
 			hdr(std, "5", "0", "3590")},
 		{"global shadow mode keeps the headers", Options{ResponseHeaders: true, ShadowMode: true},
 			svReq("shapes", 0, svD("b", "1"), svHits(svD("a", "1"), 2)),

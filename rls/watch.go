@@ -20,12 +20,14 @@ const (
 	watchMaxDelay = time.Second
 )
 
-// Watcher reloads a config file or directory when it changes. It owns one
+// Watcher reloads a config file or directory when it changes (NewWatcher),
+// or calls a function when a file changes (NewFileWatcher). It owns one
 // goroutine, stopped and joined by Close.
 type Watcher struct {
 	path    string
 	opt     LoadOptions
 	onLoad  func(*Config)
+	changed func() // NewFileWatcher's callback; nil for a config
 	onError func(error)
 	fsw     *fsnotify.Watcher
 	filter  func(name string) bool // relevant event base names in dir
@@ -40,6 +42,9 @@ type Watcher struct {
 	// directory often gets the inode number of the one just removed.)
 	replaced bool
 	links    map[string]string
+	// subs holds the subdirectories of a config directory that Load reads,
+	// each watched for the files Load reads in it; nil for a config file.
+	subs map[string]bool
 
 	closeOnce sync.Once
 	done      chan struct{} // closed by Close
@@ -53,9 +58,10 @@ type Watcher struct {
 //
 // For a directory it watches the directory itself, which also sees the
 // atomic "..data" symlink swap of a Kubernetes ConfigMap mount; dotfile
-// changes other than "..data" are ignored. For a file it watches the parent
-// directory and reacts to the file's name and "..data". Subdirectories are
-// not watched. When the watched directory is reached through symlinks (a
+// changes other than "..data" are ignored. Its subdirectories that Load reads
+// are watched alike, and the set of them is updated before each reload. For
+// a file it watches the parent directory and reacts to the file's name and
+// "..data". When the watched directory is reached through symlinks (a
 // ConfigMap item under a subdirectory, config -> ..data/config, or the
 // reference's swapped /srv/runtime_data/current), the directory holding
 // each symlink is watched too, for a swap of that link or of "..data", and
@@ -67,6 +73,25 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 	if onLoad == nil || onError == nil {
 		return nil, errors.New("rls: watcher needs both onLoad and onError")
 	}
+	return newWatcher(&Watcher{path: path, opt: opt, onLoad: onLoad, onError: onError})
+}
+
+// NewFileWatcher watches the file at path as NewWatcher watches a config
+// file (its directory, a Kubernetes "..data" swap, the symlinks on the way)
+// and calls changed after each burst of changes, for other files the
+// process reads (a key, say) to be read again. onError receives the
+// watch's own errors. The callbacks run on the Watcher's goroutine, one at
+// a time; they must not call Close. Both must be non-nil.
+func NewFileWatcher(path string, changed func(), onError func(error)) (*Watcher, error) {
+	if changed == nil || onError == nil {
+		return nil, errors.New("rls: file watcher needs both changed and onError")
+	}
+	return newWatcher(&Watcher{path: path, changed: changed, onError: onError})
+}
+
+// newWatcher starts w, which has its path and callbacks set.
+func newWatcher(w *Watcher) (*Watcher, error) {
+	path := w.path
 	st, err := os.Stat(path)
 	if err != nil {
 		return nil, fmt.Errorf("rls: watch: %w", err)
@@ -85,13 +110,14 @@ func NewWatcher(path string, opt LoadOptions, onLoad func(*Config), onError func
 		fsw.Close()
 		return nil, fmt.Errorf("rls: watch: %w", err)
 	}
-	w := &Watcher{
-		path: path, opt: opt, onLoad: onLoad, onError: onError,
-		fsw: fsw, filter: filter, dir: filepath.Clean(dir),
-		done: make(chan struct{}), exited: make(chan struct{}),
-	}
+	w.fsw, w.filter, w.dir = fsw, filter, filepath.Clean(dir)
+	w.done, w.exited = make(chan struct{}), make(chan struct{})
 	w.target, _ = filepath.EvalSymlinks(dir)
 	w.watchLinks()
+	if st.IsDir() {
+		w.subs = map[string]bool{}
+		w.watchSubdirs()
+	}
 	go w.run()
 	return w, nil
 }
@@ -127,10 +153,30 @@ func (w *Watcher) watchLinks() {
 	w.links = next
 }
 
+// watchSubdirs watches the subdirectories of the config directory that
+// Load reads now, afresh (one may be a new directory under an old name, or
+// reached through a link that was swapped), and stops watching those it no
+// longer reads. Best effort, as watchLinks.
+func (w *Watcher) watchSubdirs() {
+	if w.subs == nil {
+		return
+	}
+	for d := range w.subs {
+		_ = w.fsw.Remove(d)
+	}
+	next := map[string]bool{}
+	walkConfigDir(w.dir, func(string) {}, func(d string) {
+		if d = filepath.Clean(d); d != w.dir && w.fsw.Add(d) == nil {
+			next[d] = true
+		}
+	})
+	w.subs = next
+}
+
 // relevant reports whether an event for name may change the config.
 func (w *Watcher) relevant(name string) bool {
 	dir, base := filepath.Dir(name), filepath.Base(name)
-	if dir == w.dir {
+	if dir == w.dir || w.subs[dir] {
 		return w.filter(base)
 	}
 	if link, ok := w.links[dir]; ok {
@@ -209,6 +255,11 @@ func (w *Watcher) run() {
 		case <-timer.C:
 			pending = false
 			w.follow()
+			w.watchSubdirs() // before Load: a change after it is seen
+			if w.changed != nil {
+				w.changed()
+				continue
+			}
 			cfg, err := Load(w.path, w.opt)
 			select {
 			case <-w.done:

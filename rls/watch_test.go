@@ -82,7 +82,7 @@ func watchWriteAtomic(t *testing.T, dir, name, content string) {
 }
 
 func watchDump(domain, key string, rpu int) string {
-	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false\n"
+	return domain + "." + key + ": unit=MINUTE requests_per_unit=" + strconv.Itoa(rpu) + ", shadow_mode: false, quota_mode: false\n"
 }
 
 func TestWatchDirectory(t *testing.T) {
@@ -127,6 +127,38 @@ func TestWatchDirectory(t *testing.T) {
 	if err := w.Close(); err != nil {
 		t.Errorf("second Close: %v", err)
 	}
+}
+
+// TestWatchSubdirectories: files in subdirectories are watched as the
+// directory's own: an edit in an existing subdirectory, a file in a new
+// subdirectory (and a later edit of it), the removal of a subdirectory.
+func TestWatchSubdirectories(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	cfgWrite(t, dir, map[string]string{"a.yaml": cfgRule("a", "k", 1), "sub/deep/b.yaml": cfgRule("b", "j", 1)})
+	var rec watchRecorder
+	w, err := NewWatcher(dir, LoadOptions{}, rec.onLoad, rec.onError)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+
+	watchWriteAtomic(t, filepath.Join(dir, "sub", "deep"), "b.yaml", cfgRule("b", "j", 2))
+	want := watchDump("a", "k", 1) + watchDump("b", "j", 2)
+	watchWaitFor(t, "the edit in sub/deep", func() bool { return rec.lastDump() == want })
+
+	cfgWrite(t, dir, map[string]string{"new/c.yaml": cfgRule("c", "i", 3)})
+	want = watchDump("a", "k", 1) + watchDump("b", "j", 2) + watchDump("c", "i", 3)
+	watchWaitFor(t, "the file in a new subdirectory", func() bool { return rec.lastDump() == want })
+	watchWriteAtomic(t, filepath.Join(dir, "new"), "c.yaml", cfgRule("c", "i", 4))
+	want = watchDump("a", "k", 1) + watchDump("b", "j", 2) + watchDump("c", "i", 4)
+	watchWaitFor(t, "the edit in the new subdirectory", func() bool { return rec.lastDump() == want })
+
+	if err := os.RemoveAll(filepath.Join(dir, "sub")); err != nil {
+		t.Fatal(err)
+	}
+	want = watchDump("a", "k", 1) + watchDump("c", "i", 4)
+	watchWaitFor(t, "the removed subdirectory", func() bool { return rec.lastDump() == want })
 }
 
 // TestWatchReplacedDirectory: the config directory itself removed and
@@ -346,5 +378,71 @@ func TestNewWatcherErrors(t *testing.T) {
 	if _, err := NewWatcher(filepath.Join(dir, "missing"), LoadOptions{}, noop, func(error) {}); err == nil ||
 		!strings.HasPrefix(err.Error(), "rls: watch: ") {
 		t.Errorf("missing path: %v", err)
+	}
+}
+
+// TestFileWatcher watches a file in a Kubernetes Secret mount (the kubelet
+// swaps ..data, removing the old directory) and then one rewritten in
+// place: each change calls changed, after which the file reads as written.
+func TestFileWatcher(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	dir := t.TempDir()
+	swap := watchConfigMapSwapper(t, dir, "", true)
+	swap("key-1")
+	path := filepath.Join(dir, "ratelimit.yaml")
+	cfgSymlink(t, "..data/ratelimit.yaml", path)
+	var mu sync.Mutex
+	var seen []string
+	w, err := NewFileWatcher(path, func() {
+		b, _ := os.ReadFile(path)
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, string(b))
+	}, func(err error) { t.Errorf("watch error: %v", err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	read := func(want string) func() bool {
+		return func() bool {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(seen) > 0 && seen[len(seen)-1] == want
+		}
+	}
+	for _, k := range []string{"key-2", "key-3"} {
+		swap(k)
+		watchWaitFor(t, "a call after the swap to "+k, read(k))
+	}
+
+	plain := filepath.Join(t.TempDir(), "key")
+	if err := os.WriteFile(plain, []byte("a"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	changed := make(chan struct{}, 1)
+	w2, err := NewFileWatcher(plain, func() {
+		select {
+		case changed <- struct{}{}:
+		default:
+		}
+	}, func(err error) { t.Errorf("watch error: %v", err) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w2.Close()
+	if err := os.WriteFile(plain, []byte("b"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-changed:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no call within 10s of rewriting the file in place")
+	}
+
+	if _, err := NewFileWatcher(plain, nil, func(error) {}); err == nil {
+		t.Error("nil changed accepted")
+	}
+	if _, err := NewFileWatcher(plain, func() {}, nil); err == nil {
+		t.Error("nil onError accepted")
 	}
 }

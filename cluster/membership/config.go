@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -50,7 +49,15 @@ type Config struct {
 	Label string
 	// SecretKey, if set, is the AES key (16, 24 or 32 bytes) that encrypts
 	// and authenticates all gossip. Nodes with a different key cannot join.
+	// It is the same as Keys holding just this key; set one or the other.
 	SecretKey []byte
+	// Keys, if set, is the gossip keyring: AES keys of 16, 24 or 32 bytes
+	// each. Keys[0], the primary, encrypts what this node sends; every key
+	// decrypts what it receives, so nodes whose primaries differ keep
+	// talking as long as each holds the other's primary. SetKeys replaces
+	// the keyring while running. A node started without keys stays
+	// unencrypted: SetKeys cannot turn encryption on.
+	Keys [][]byte
 	// Logger receives this package's logs and, at debug level, memberlist's
 	// own log lines. Nil discards everything.
 	Logger *slog.Logger
@@ -158,12 +165,21 @@ func memberlistConfig(cfg *Config) (*memberlist.Config, error) {
 	case cfg.RejoinInterval == 0:
 		cfg.RejoinInterval = defaultRejoin
 	}
-	switch len(cfg.SecretKey) {
-	case 0:
-	case 16, 24, 32:
-		mlc.SecretKey = slices.Clone(cfg.SecretKey)
-	default:
-		return nil, fmt.Errorf("membership: Config.SecretKey: %d bytes (want 16, 24 or 32)", len(cfg.SecretKey))
+	keys := cfg.Keys
+	if len(cfg.SecretKey) > 0 {
+		if len(keys) > 0 {
+			return nil, errors.New("membership: Config.SecretKey: set SecretKey or Keys, not both")
+		}
+		if err := checkKey(cfg.SecretKey); err != nil {
+			return nil, fmt.Errorf("membership: Config.SecretKey: %w", err)
+		}
+		keys = [][]byte{cfg.SecretKey}
+	}
+	if len(keys) > 0 {
+		if err := checkKeys(keys); err != nil {
+			return nil, fmt.Errorf("membership: Config.Keys%w", err)
+		}
+		mlc.Keyring = newKeyring(keys)
 	}
 	if len(cfg.Label) > MaxLabelLen {
 		return nil, fmt.Errorf("membership: Config.Label: %d bytes (at most %d)", len(cfg.Label), MaxLabelLen)

@@ -28,6 +28,8 @@ func TestMembershipConfigErrors(t *testing.T) {
 		{"empty join entry", func(c *Config) { c.Join = []string{"10.0.0.2:7946", " "} }, "Config.Join[1]"},
 		{"negative rejoin", func(c *Config) { c.RejoinInterval = -time.Second }, "Config.RejoinInterval"},
 		{"short key", func(c *Config) { c.SecretKey = []byte("short") }, "Config.SecretKey: 5 bytes"},
+		{"short key in keyring", func(c *Config) { c.Keys = [][]byte{make([]byte, 32), []byte("short")} }, "Config.Keys[1]: 5 bytes"},
+		{"key and keyring", func(c *Config) { c.SecretKey, c.Keys = make([]byte, 16), [][]byte{make([]byte, 16)} }, "not both"},
 		{"unknown preset", func(c *Config) { c.Preset = "wan" }, `unknown preset "wan"`},
 	}
 	for _, tt := range tests {

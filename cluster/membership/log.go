@@ -14,8 +14,8 @@ import (
 // memberlist. Each line memberlist prints ("[WARN] memberlist: ...") becomes
 // one debug-level record; memberlist's own level goes into the
 // "memberlist_level" attribute. The exception is gossip this node cannot
-// decrypt, which means a node with another gossip key (or none) is trying
-// to talk to it: that is logged at warn level, at most once per
+// decrypt, which means a node sending with a key this node does not hold
+// (or with none) is trying to talk to it: that is logged at warn level, at most once per
 // keyWarnEvery (on clock), since memberlist reports it for every packet.
 type logWriter struct {
 	l          *slog.Logger
@@ -35,7 +35,7 @@ func (w logWriter) Write(p []byte) (int, error) {
 	if strings.Contains(strings.ToLower(string(p)), "decrypt") && w.l.Enabled(ctx, slog.LevelWarn) {
 		now, last := w.clock.Now().UnixNano(), w.lastKeyErr.Load()
 		if now-last >= int64(keyWarnEvery) && w.lastKeyErr.CompareAndSwap(last, now) {
-			w.l.Warn("membership: gossip that this node cannot decrypt: a node with another --gossip-key-file (or none) is trying to join; it is kept out",
+			w.l.Warn("membership: gossip that this node cannot decrypt: a node whose primary gossip key this node does not hold (another --gossip-key-file, none, or a key rotation step taken before every node had the previous one) is trying to talk to it; its gossip is dropped",
 				"memberlist", strings.TrimSpace(string(p)))
 		}
 	}

@@ -1,7 +1,8 @@
 // Package membership owns how ringlimit processes find each other: gossip
 // on hashicorp/memberlist, the metadata each process gossips about itself
 // (its stable ID, gRPC address, start time and lifecycle flags), the member
-// table built from it, and joining, re-joining and leaving the cluster. It
+// table built from it, joining, re-joining and leaving the cluster, and the
+// keyring that encrypts gossip (replaced on a live node by SetKeys). It
 // imports nothing else from ringlimit but package clock, the time it is
 // given. A Membership is safe for concurrent use.
 package membership
@@ -34,6 +35,7 @@ type Membership struct {
 	logger   *slog.Logger
 	onChange func(alive []Member)
 	ml       *memberlist.Memberlist
+	keyring  *memberlist.Keyring // gossip keys; nil when unencrypted
 
 	meta atomic.Pointer[[]byte] // current NodeMeta payload
 
@@ -65,7 +67,7 @@ type row struct {
 }
 
 // New validates cfg, starts memberlist and returns at once; joining
-// Join happens in the background with backoff (see Joined and joinError).
+// Join happens in the background with backoff (see Joined and JoinError).
 //
 // onChange, if not nil, is called from a single goroutine owned by the
 // Membership: first with just Self, then with Alive whenever the alive set
@@ -97,6 +99,7 @@ func New(cfg Config, onChange func(alive []Member)) (*Membership, error) {
 		clock:    cfg.Clock,
 		logger:   logger,
 		onChange: onChange,
+		keyring:  mlc.Keyring,
 		nodes:    make(map[string]*row),
 		badMeta:  make(map[string]struct{}),
 		changed:  make(chan struct{}, 1),

@@ -128,7 +128,13 @@ type Op struct {
 	Mode uint32 `protobuf:"varint,6,opt,name=mode,proto3" json:"mode,omitempty"`
 	// burst is a token bucket's capacity in tokens (bucket.Limit.Burst;
 	// 0 means requests). Other algorithms ignore it.
-	Burst         uint64 `protobuf:"varint,7,opt,name=burst,proto3" json:"burst,omitempty"`
+	Burst uint64 `protobuf:"varint,7,opt,name=burst,proto3" json:"burst,omitempty"`
+	// trace is the trace context of a sampled decision, so that the owner's
+	// span joins its trace: the trace ID (16 bytes), the ID of the sender's
+	// forward span (8 bytes) and the W3C trace flags (1 byte), 25 bytes in
+	// all. Empty when the decision is not traced (tracing off, or not
+	// sampled); any other length refuses the batch.
+	Trace         []byte `protobuf:"bytes,8,opt,name=trace,proto3" json:"trace,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -210,6 +216,13 @@ func (x *Op) GetBurst() uint64 {
 		return x.Burst
 	}
 	return 0
+}
+
+func (x *Op) GetTrace() []byte {
+	if x != nil {
+		return x.Trace
+	}
+	return nil
 }
 
 // DecideResponse answers a DecideRequest: results[i] for ops[i].
@@ -797,7 +810,7 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x03ops\x18\x02 \x03(\v2\x15.ringlimit.peer.v1.OpR\x03ops\x12\x1f\n" +
 	"\vdeadline_ns\x18\x03 \x01(\x03R\n" +
 	"deadlineNs\x12\x18\n" +
-	"\arelayed\x18\x04 \x01(\bR\arelayed\"\xa7\x01\n" +
+	"\arelayed\x18\x04 \x01(\bR\arelayed\"\xbd\x01\n" +
 	"\x02Op\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1a\n" +
@@ -805,7 +818,8 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\aunit_ns\x18\x04 \x01(\x03R\x06unitNs\x12\x12\n" +
 	"\x04hits\x18\x05 \x01(\x04R\x04hits\x12\x12\n" +
 	"\x04mode\x18\x06 \x01(\rR\x04mode\x12\x14\n" +
-	"\x05burst\x18\a \x01(\x04R\x05burst\"\x87\x01\n" +
+	"\x05burst\x18\a \x01(\x04R\x05burst\x12\x14\n" +
+	"\x05trace\x18\b \x01(\fR\x05trace\"\x87\x01\n" +
 	"\x0eDecideResponse\x123\n" +
 	"\aresults\x18\x01 \x03(\v2\x19.ringlimit.peer.v1.ResultR\aresults\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +

@@ -71,6 +71,14 @@ func newMetrics() *metrics {
 	for i, name := range dropNames {
 		m.drop[i] = m.dropped.WithLabelValues(name)
 	}
+	// Every label value is exported from the start, at zero, so that
+	// rate() and increase() see the first handoff or partial sync.
+	for _, cause := range []string{"ring_change", "drain"} {
+		m.handoff.WithLabelValues(cause)
+	}
+	for _, result := range []string{"ok", "partial"} {
+		m.syncs.WithLabelValues(result)
+	}
 	return m
 }
 

@@ -25,18 +25,43 @@ import (
 // owner becomes suspect. A call whose deadline has passed before anything
 // is forwarded is decided locally at once. Apply never fails: a down peer costs
 // accuracy, not availability. An op the owner did answer after its waiter
-// gave up is counted at both nodes. Ops of one call that go to the same
-// owner may travel in different batches (up to fwdInflight are in flight per
-// peer), so two ops on the same key may be applied in either order.
+// gave up is counted at both nodes.
+//
+// Ops of one call on the same key are applied in call order, so that
+// results[i] is the count after ops[:i+1] (give or take other callers'
+// ops): batches to one peer travel in parallel (up to fwdInflight in
+// flight), so the ops from an op whose key is already forwarded in this
+// call onwards are sent in a next round, once the previous round is
+// answered, within the same wait.
 func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
 	f.apply(ctx, now, ops, results, f.waitFor(ctx), false)
 }
 
 // apply is Apply with the forwarded ops' wait given; relayed marks them as
 // relayed (peerpb.DecideRequest.Relayed), so that their receiver applies
-// them even if it relays too.
+// them even if it relays too. It decides ops in rounds (see Apply), all
+// within wait and its deadline.
 func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, wait time.Duration, relayed bool) {
 	results = results[:len(ops)]
+	deadline := now + int64(wait)
+	var begin time.Time // when the first round stopped at a repeated key
+	for off := 0; off < len(ops); {
+		w := wait
+		if off > 0 {
+			w = wait - f.clock.Now().Sub(begin)
+		}
+		n := f.round(ctx, now, deadline, ops[off:], results[off:], w, relayed)
+		if off == 0 && n < len(ops) {
+			begin = f.clock.Now()
+		}
+		off += n
+	}
+}
+
+// round decides ops up to (not including) the first whose key an earlier op
+// of the round forwarded, and returns how many it decided: it waits for
+// their answers at most wait, and forwards them with the call's deadline.
+func (f *Forwarder) round(ctx context.Context, now, deadline int64, ops []bucket.Op, results []bucket.Result, wait time.Duration, relayed bool) int {
 	var (
 		req   *fwdRequest
 		peers map[string]*peerClient
@@ -44,6 +69,12 @@ func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, resul
 	)
 	for i := range ops {
 		op := &ops[i]
+		if req != nil && req.forwards(op.Key) {
+			// The same key's earlier op may still be on its way: this one
+			// and the rest wait for the next round.
+			f.wait(ctx, now, req, ops, results)
+			return i
+		}
 		id, _, self := f.owners.Owner(op.Key)
 		var p *peerClient
 		if self || id == f.self {
@@ -114,10 +145,14 @@ func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, resul
 				continue
 			}
 			req = f.getRequest()
-			req.deadline, req.wait, req.relayed = now+int64(wait), wait, relayed
+			req.deadline, req.wait, req.relayed = deadline, wait, relayed
 		}
 		it := req.add(i, p, op)
+		if f.tracer != nil {
+			f.startForward(ctx, it)
+		}
 		if ok, closed := p.enqueue(it); !ok {
+			it.endForward(outcomeNotSent, bucket.Result{}, nil)
 			req.unadd()
 			if closed {
 				f.fallback(now, op, &results[i], f.m.fbUnknown)
@@ -130,6 +165,7 @@ func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, resul
 	if req != nil {
 		f.wait(ctx, now, req, ops, results)
 	}
+	return len(ops)
 }
 
 // reroute finds where an op goes when its owner is suspect or unknown: the
@@ -182,6 +218,7 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 				it.peer.noteFailure("timeout", nil)
 				late = it.peer
 			}
+			it.endForward(outcomeTimeout, bucket.Result{}, nil)
 			f.fallback(now, &ops[i], &results[i], f.m.fbTimeout)
 			continue
 		}
@@ -195,9 +232,11 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 					late = it.peer
 				}
 			}
+			it.endForward(outcomeError, bucket.Result{}, it.err)
 			f.fallback(now, &ops[i], &results[i], c)
 			continue
 		}
+		it.endForward(outcomeAnswered, it.res, nil)
 		results[i] = it.res
 		if ac != nil {
 			ac.Remember(now, &ops[i], it.res)

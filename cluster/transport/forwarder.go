@@ -21,6 +21,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/credentials/insecure"
@@ -115,6 +116,10 @@ type ForwarderConfig struct {
 	Registerer prometheus.Registerer
 	// Logger receives peer state changes. Nil discards them.
 	Logger *slog.Logger
+	// Tracer, if set, traces the forwarded ops of sampled decisions and
+	// the ops peers send here with a trace context (trace.go). Nil turns
+	// tracing off at no cost.
+	Tracer trace.Tracer
 }
 
 // Forwarder decides ops at their owners. It is the client side of the Peer
@@ -134,6 +139,7 @@ type Forwarder struct {
 	probeInterval time.Duration
 	probeTimeout  time.Duration
 	log           *slog.Logger
+	tracer        trace.Tracer // nil: tracing off
 	m             fwdMetrics
 	// streamMaxAge is StreamMaxAge with its default applied (0: every
 	// answer ends its stream).
@@ -188,6 +194,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		probeTimeout:  cmp.Or(cfg.ProbeTimeout, DefaultProbeTimeout),
 		streamMaxAge:  max(0, cmp.Or(cfg.StreamMaxAge, wire.StreamMaxAge)),
 		log:           cfg.Logger,
+		tracer:        cfg.Tracer,
 		// One ns before now, so that mono is never 0 (see mono).
 		start: clk.Now().Add(-time.Nanosecond),
 		ac:    asAnswerCache(cfg.Local),

@@ -24,7 +24,8 @@ func TestDecideBatchFits(t *testing.T) {
 		req := &peerpb.DecideRequest{From: from, DeadlineNs: math.MinInt64}
 		for range ops {
 			req.Ops = append(req.Ops, &peerpb.Op{Key: key(n), Algorithm: math.MaxUint32, Requests: math.MaxUint64,
-				UnitNs: math.MinInt64, Hits: math.MaxUint64, Mode: math.MaxUint32, Burst: math.MaxUint64})
+				UnitNs: math.MinInt64, Hits: math.MaxUint64, Mode: math.MaxUint32, Burst: math.MaxUint64,
+				Trace: make([]byte, traceLen)})
 		}
 		if size := proto.Size(req); size >= MaxMessageSize {
 			t.Errorf("Decide batch of %d ops of %d-byte keys: %d bytes, not under %d", ops, n, size, MaxMessageSize)

@@ -231,6 +231,10 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		o.Hits = it.op.Hits
 		o.Mode = uint32(it.op.Mode)
 		o.Burst = it.op.Limit.Burst
+		o.Trace = nil
+		if it.traced {
+			o.Trace = it.trace[:]
+		}
 		b.ptrs = append(b.ptrs, o)
 		live = append(live, it)
 		if b.req.DeadlineNs == 0 || it.deadline < b.req.DeadlineNs {
@@ -247,7 +251,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 	p.f.m.rpcDuration.Observe(p.f.clock.Now().Sub(start).Seconds())
 	p.f.m.batchSize.Observe(float64(len(live)))
 	for i := range b.ops[:len(live)] {
-		b.ops[i].Key = nil // do not pin the items' key buffers
+		b.ops[i].Key, b.ops[i].Trace = nil, nil // do not pin the items' buffers
 	}
 	if err == nil && len(resp.GetResults()) != len(live) {
 		err = fmt.Errorf("transport: peer %s answered %d results for %d ops", p.id, len(resp.GetResults()), len(live))

@@ -1,8 +1,11 @@
 package transport
 
 import (
+	"bytes"
 	"sync/atomic"
 	"time"
+
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/cluster/clock"
@@ -56,12 +59,23 @@ func (r *fwdRequest) add(index int, p *peerClient, op *bucket.Op) *fwdItem {
 	it.peer = p
 	it.err = nil
 	it.res = bucket.Result{}
+	it.span, it.traced = nil, false
 	it.key = append(it.key[:0], op.Key...)
 	it.op = *op
 	it.op.Key = it.key
 	it.state.Store(fwdPending)
 	r.pending.Add(1)
 	return it
+}
+
+// forwards reports whether an item of r is for key.
+func (r *fwdRequest) forwards(key []byte) bool {
+	for _, it := range r.items[:r.n] {
+		if bytes.Equal(it.key, key) {
+			return true
+		}
+	}
+	return false
 }
 
 // unadd takes back the last item, which was never queued.
@@ -76,6 +90,7 @@ func (r *fwdRequest) release() {
 	for _, it := range r.items[:r.n] {
 		it.peer = nil
 		it.err = nil
+		it.span = nil
 	}
 	r.n = 0
 }
@@ -96,6 +111,12 @@ type fwdItem struct {
 	state   atomic.Uint32
 	res     bucket.Result // written by a sender before state becomes fwdDone
 	err     error         // idem
+	// With a tracer, for an op of a sampled decision (trace.go): its
+	// forward span, touched by the waiter only, and that span's context,
+	// written before the item is queued and read by its sender.
+	span   trace.Span
+	trace  wireTrace
+	traced bool
 }
 
 // complete hands the owner's answer (or err) to the waiter, unless it gave

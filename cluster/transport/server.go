@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -139,7 +140,15 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 	for i, o := range ops {
 		op = peerOpFromPB(o)
 		pr := &buf[i]
-		setPeerResult(pr, s.f.local.Apply(now, &op))
+		var span trace.Span
+		if s.f.tracer != nil && len(o.GetTrace()) != 0 {
+			span = s.f.startDecide(ctx, req.GetFrom(), o.GetTrace())
+		}
+		r := s.f.local.Apply(now, &op)
+		if span != nil {
+			endDecide(span, r)
+		}
+		setPeerResult(pr, r)
 		out.Results = append(out.Results, pr)
 	}
 	return nil

@@ -60,6 +60,9 @@ func peerValidateBatch(ops []*peerpb.Op) error {
 		if o.GetMode() > 0xff {
 			return fmt.Errorf("%w: op %d: unknown mode %d", wire.ErrInvalid, i, o.GetMode())
 		}
+		if n := len(o.GetTrace()); n != 0 && n != traceLen {
+			return fmt.Errorf("%w: op %d: trace is %d bytes, want %d or none", wire.ErrInvalid, i, n, traceLen)
+		}
 		op := peerOpFromPB(o)
 		if err := peerValidateOp(&op); err != nil {
 			return fmt.Errorf("%w: op %d: %w", wire.ErrInvalid, i, err)

@@ -2,17 +2,16 @@ package main
 
 import (
 	"context"
-	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strings"
 	"time"
 
 	sockaddr "github.com/hashicorp/go-sockaddr"
 	"github.com/prometheus/client_golang/prometheus"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 
 	"github.com/ringlimit/ringlimit/bucket"
@@ -23,6 +22,7 @@ import (
 // clusterNode is this process's part of a ringlimit cluster.
 type clusterNode struct {
 	node *cluster.Node
+	keys *gossipKeyWatcher // nil without --gossip-key-file, or if it cannot be watched
 	c    *serveConfig
 	log  *slog.Logger
 }
@@ -30,8 +30,9 @@ type clusterNode struct {
 // startCluster joins the cluster named by --join. grpcAddr is the bound gRPC
 // listener; peers dial it at the advertised host, with dial (nil:
 // plaintext). restore, if not nil, loads the counters saved in --data-dir:
-// the node calls it before it syncs from its peers and goes ready.
-func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption, restore func(context.Context) error) (*clusterNode, error) {
+// the node calls it before it syncs from its peers and goes ready. tracer,
+// if not nil, traces forwarded decisions.
+func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prometheus.Registerer, log *slog.Logger, dial []grpc.DialOption, restore func(context.Context) error, tracer trace.Tracer) (*clusterNode, error) {
 	adv, err := advertisedGRPC(c, grpcAddr)
 	if err != nil {
 		return nil, err
@@ -39,9 +40,9 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 	if c.nodeNameFromHost {
 		log.Warn("cluster: --node-name not set: this node's identity is its hostname; two nodes on one host (or with one hostname) would claim the same identity, and the later one exits: give each node its own --node-name", "node_name", c.NodeName)
 	}
-	var key []byte
+	var keys [][]byte
 	if c.GossipKeyFile != "" {
-		if key, err = readGossipKey(c.GossipKeyFile); err != nil {
+		if keys, err = readGossipKeys(c.GossipKeyFile); err != nil {
 			return nil, err
 		}
 	} else {
@@ -54,7 +55,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 			BindAddr:      c.GossipAddr,
 			AdvertiseAddr: c.AdvertiseAddr,
 			Join:          c.joinList(),
-			SecretKey:     key,
+			Keys:          keys,
 			Label:         c.ClusterName,
 			Logger:        log,
 		},
@@ -64,6 +65,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		DialOptions: dial,
 		Registerer:  reg,
 		Logger:      log,
+		Tracer:      tracer,
 	})
 	if err != nil {
 		// memberlist reports a gossip port it cannot bind only in its
@@ -74,7 +76,14 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		return nil, fmt.Errorf("serve: cluster: %w", err)
 	}
 	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas)
-	return &clusterNode{node: n, c: c, log: log}, nil
+	cn := &clusterNode{node: n, c: c, log: log}
+	if len(keys) > 0 {
+		log.Info("cluster: gossip keys", "primary", membership.KeyFingerprint(keys[0]), "keys", n.Membership().KeyFingerprints())
+		if cn.keys, err = watchGossipKeys(c.GossipKeyFile, n.Membership(), reg, log); err != nil {
+			log.Warn("cluster: --gossip-key-file is not reloaded on change; a key rotation needs a restart", "err", err)
+		}
+	}
+	return cn, nil
 }
 
 // advertisedGRPC is the address peers dial for this node's gRPC service:
@@ -120,24 +129,10 @@ func (n *clusterNode) drain(ctx context.Context) {
 }
 
 func (n *clusterNode) close() {
+	if n.keys != nil {
+		n.keys.close()
+	}
 	if err := n.node.Close(); err != nil {
 		n.log.Warn("cluster close", "err", err)
 	}
-}
-
-// readGossipKey reads a base64 AES key, as `openssl rand -base64 32` writes.
-func readGossipKey(path string) ([]byte, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return nil, fmt.Errorf("serve: --gossip-key-file: %w", err)
-	}
-	key, err := base64.StdEncoding.DecodeString(strings.TrimSpace(string(b)))
-	if err != nil {
-		return nil, fmt.Errorf("serve: --gossip-key-file: %s: not base64: %w", path, err)
-	}
-	switch len(key) {
-	case 16, 24, 32:
-		return key, nil
-	}
-	return nil, fmt.Errorf("serve: --gossip-key-file: %s: key is %d bytes, want 16, 24 or 32", path, len(key))
 }

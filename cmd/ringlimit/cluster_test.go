@@ -36,7 +36,7 @@ func TestNodeNameFromHostnameWarns(t *testing.T) {
 			t.Fatalf("%v: node name %q (from host %v), want the hostname %q", tc.args, c.NodeName, c.nodeNameFromHost, host)
 		}
 		var logs bytes.Buffer
-		n, err := startCluster(c, "127.0.0.1:0", bucket.NewStore(bucket.StoreConfig{}), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)), nil, nil)
+		n, err := startCluster(c, "127.0.0.1:0", bucket.NewStore(bucket.StoreConfig{}), prometheus.NewRegistry(), slog.New(slog.NewTextHandler(&logs, nil)), nil, nil, nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -326,7 +326,7 @@ type dataDirMetrics struct {
 }
 
 func newDataDirMetrics() dataDirMetrics {
-	return dataDirMetrics{
+	m := dataDirMetrics{
 		saves: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ringlimit_data_dir_saves_total",
 			Help: "Snapshots of the counters written to --data-dir, by result (ok, error); a save with nothing changed since the last is skipped and not counted."}, []string{"result"}),
 		lastSave: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_data_dir_last_save_timestamp_seconds",
@@ -338,6 +338,11 @@ func newDataDirMetrics() dataDirMetrics {
 		lastBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ringlimit_data_dir_last_save_bytes",
 			Help: "Size of the last successful snapshot file."}),
 	}
+	// Both results are exported from the start, at zero, so that an alert
+	// on increase(...{result="error"}) sees the first failed save.
+	m.saves.WithLabelValues("ok")
+	m.saves.WithLabelValues("error")
+	return m
 }
 
 func (m dataDirMetrics) collectors() []prometheus.Collector {

@@ -62,7 +62,7 @@ func TestSettingsRedactSecrets(t *testing.T) {
 	fs.String("peer-tls-key", "/tls/key.pem", "")
 	fs.String("gossip-key-file", "/etc/gossip.key", "")
 	var out bytes.Buffer
-	(&serveConfig{flags: fs}).writeSettings(&out)
+	(&serveConfig{parsed: &parsedFlags{flags: fs}}).writeSettings(&out)
 	want := "admin-token=<redacted>\nempty-secret=\ngossip-key=<redacted>\ngossip-key-file=/etc/gossip.key\ngossip-keys=<redacted>\npeer-tls-key=/tls/key.pem\n"
 	if out.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", out.String(), want)

@@ -29,22 +29,27 @@ type serveConfig struct {
 	LogLevel     string
 	LogFormat    string
 
-	ShadowMode      bool
-	StopIncrement   bool
-	NearLimitRatio  float64
-	ResponseHeaders bool
-	HeaderLimit     string
-	HeaderRemaining string
-	HeaderReset     string
-	MaxKeys         int
-	MaxStoreBytes   int64
-	MaxDescriptors  int
-	MaxEntries      int
-	MaxValueLen     int
-	MaxKeyLen       int
-	MaxRequestSize  int
-	ShutdownTimeout time.Duration
-	DataDir         string
+	ShadowMode bool
+	QuotaMode  bool
+	// DynamicMetadata: RESPONSE_DYNAMIC_METADATA.
+	DynamicMetadata bool
+	// HealthyWithConfig: not ready while the config holds no domain.
+	HealthyWithConfig bool
+	StopIncrement     bool
+	NearLimitRatio    float64
+	ResponseHeaders   bool
+	HeaderLimit       string
+	HeaderRemaining   string
+	HeaderReset       string
+	MaxKeys           int
+	MaxStoreBytes     int64
+	MaxDescriptors    int
+	MaxEntries        int
+	MaxValueLen       int
+	MaxKeyLen         int
+	MaxRequestSize    int
+	ShutdownTimeout   time.Duration
+	DataDir           string
 
 	NodeName string
 	// nodeNameFromHost: --node-name was not set and is the hostname.
@@ -61,13 +66,51 @@ type serveConfig struct {
 	PeerTLSCA   string
 	GRPCTLSCert string
 	GRPCTLSKey  string
+	// GRPCTLSClientCA and GRPCTLSClientSAN: RLS clients need a certificate
+	// (rlsmtls.go).
+	GRPCTLSClientCA  string
+	GRPCTLSClientSAN string
+
+	// OpenTelemetry tracing (tracing.go).
+	TracingEnabled      bool
+	TracingServiceName  string
+	TracingNamespace    string
+	TracingInstanceID   string
+	TracingSamplingRate float64
+	TracingProtocol     string
+
+	// ConfigType is FILE (--config) or GRPC_XDS_SOTW (the xDS settings below).
+	ConfigType string
+	// ForceStart: with xDS, be ready before the first config arrives.
+	ForceStart         bool
+	XDSServer          string
+	XDSNodeID          string
+	XDSNodeMetadata    string
+	XDSConnectRetry    time.Duration
+	XDSHeaders         string
+	XDSTLS             bool
+	XDSTLSCert         string
+	XDSTLSKey          string
+	XDSTLSCA           string
+	XDSTLSSAN          string
+	XDSBackoffInitial  time.Duration
+	XDSBackoffMax      time.Duration
+	XDSBackoffFactor   float64
+	XDSBackoffJitter   bool
+	XDSMaxMessageBytes int
 
 	DryRun bool
 
-	// flags is the parsed flag set, for writeSettings and flagError.
-	flags *flag.FlagSet
-	// origin names where each flag not left at its default was set: "--name",
-	// its RINGLIMIT_ variable, or the reference's variables.
+	// parsed is how the settings were given, for writeSettings and
+	// flagError (a pointer: serveConfig stays comparable).
+	parsed *parsedFlags
+}
+
+// parsedFlags is the parsed flag set and where each flag not left at its
+// default was set: "--name", its RINGLIMIT_ variable, or the reference's
+// variables.
+type parsedFlags struct {
+	flags  *flag.FlagSet
 	origin map[string]string
 }
 
@@ -158,16 +201,8 @@ func refusedEnv(getenv func(string) string, c *serveConfig) error {
 	} else if on && (c.GRPCTLSCert == "" || c.GRPCTLSKey == "") {
 		errs = append(errs, errors.New("serve: GRPC_SERVER_USE_TLS is true but no server certificate and key are set (GRPC_SERVER_TLS_CERT and GRPC_SERVER_TLS_KEY, or --grpc-tls-cert and --grpc-tls-key)"))
 	}
-	for _, name := range []string{"GRPC_CLIENT_TLS_CACERT", "GRPC_CLIENT_TLS_SAN"} {
-		if getenv(name) != "" {
-			errs = append(errs, fmt.Errorf("serve: %s is set, but ringlimit does not verify RLS client certificates: unset it, or put the check in front of ringlimit (a mesh or a TLS proxy)", name))
-		}
-	}
 	if getenv("GRPC_UDS") != "" {
 		errs = append(errs, errors.New("serve: GRPC_UDS is set, but ringlimit serves gRPC on TCP only (--grpc-addr): unset it and point Envoy at the TCP port"))
-	}
-	if t := getenv("CONFIG_TYPE"); t != "" && !strings.EqualFold(t, "FILE") {
-		errs = append(errs, fmt.Errorf("serve: CONFIG_TYPE=%q: ringlimit reads its config from files only (--config)", t))
 	}
 	return errors.Join(errs...)
 }
@@ -198,7 +233,10 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.LogLevel, "log-level", "info", "log level: debug, info, warn, error (the reference's trace counts as debug, fatal and panic as error)", plainEnv("LOG_LEVEL"))
 	str(&c.LogFormat, "log-format", "text", "log format: text or json", plainEnv("LOG_FORMAT"))
 	boolean(&c.ShadowMode, "shadow-mode", false, "global shadow mode: count as usual but always answer OK overall", plainEnv("SHADOW_MODE"))
-	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "a request over the limit on any descriptor consumes no quota", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
+	boolean(&c.HealthyWithConfig, "healthy-with-config", false, "not ready (/healthcheck 500, gRPC health NOT_SERVING) while the loaded config holds no domain", plainEnv("HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED"))
+	boolean(&c.DynamicMetadata, "response-dynamic-metadata", false, "set the response's dynamic_metadata: domain, descriptors and the metadata of the rules not over their limit", plainEnv("RESPONSE_DYNAMIC_METADATA"))
+	boolean(&c.QuotaMode, "quota-mode", false, "global quota mode: every rule is a quota_mode rule (over-limit statuses stay, the overall code is OVER_LIMIT only from rules not in quota mode or when every quota-mode descriptor is over)", plainEnv("QUOTA_MODE"))
+	boolean(&c.StopIncrement, "stop-increment-when-over-limit", false, "when a request would put some descriptors over their limit, only those count its hits", plainEnv("STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT"))
 	fs.Float64Var(&c.NearLimitRatio, "near-limit-ratio", 0.8, "fraction of a limit above which hits count as near_limit")
 	legacy["near-limit-ratio"] = plainEnv("NEAR_LIMIT_RATIO")
 	boolean(&c.ResponseHeaders, "response-headers", false, "add RateLimit-Limit/-Remaining/-Reset headers from the most constrained descriptor", plainEnv("LIMIT_RESPONSE_HEADERS_ENABLED"))
@@ -218,14 +256,39 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GossipAddr, "gossip-addr", ":7946", "gossip (memberlist) listen address; used when --join is set", nil)
 	str(&c.AdvertiseAddr, "advertise-addr", "", "IP or IP:port other nodes reach this node's gossip at (in Kubernetes: the pod IP)", nil)
 	str(&c.Join, "join", "", "comma-separated host:port or DNS names of peers; empty runs a single node", nil)
-	str(&c.GossipKeyFile, "gossip-key-file", "", "file holding a base64 AES key (16, 24 or 32 bytes) that encrypts gossip; every node needs the same key", nil)
+	str(&c.GossipKeyFile, "gossip-key-file", "", "file of base64 AES keys (16, 24 or 32 bytes), one per line: the first encrypts gossip, all decrypt it; reloaded on change, so keys rotate without a restart", nil)
 	str(&c.ClusterName, "cluster-name", "ringlimit", "label on every gossip message: nodes with another cluster name ignore each other (give each ringlimit cluster that can reach another its own)", nil)
 	str(&c.PeerTLSCert, "peer-tls-cert", "", "PEM certificate this node presents to peers (with --peer-tls-key and --peer-tls-ca: peer RPCs need mTLS; reloaded on change)", nil)
 	str(&c.PeerTLSKey, "peer-tls-key", "", "PEM private key of --peer-tls-cert", nil)
 	str(&c.PeerTLSCA, "peer-tls-ca", "", "PEM CA bundle that signs every node's peer certificate", nil)
 	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", serverTLSEnv("GRPC_SERVER_TLS_CERT"))
 	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", serverTLSEnv("GRPC_SERVER_TLS_KEY"))
+	str(&c.ConfigType, "config-type", configTypeFile, "where the rate limit config comes from: FILE (--config, watched) or GRPC_XDS_SOTW (an xDS management server, --xds-*)", plainEnv("CONFIG_TYPE"))
+	boolean(&c.ForceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW: be ready at once; until the first config every request fails with gRPC Unknown (without it the node is not ready until then)", plainEnv("FORCE_START_WITHOUT_INITIAL_CONFIG"))
+	str(&c.XDSServer, "xds-server", "localhost:18000", "host:port of the xDS management server", plainEnv("CONFIG_GRPC_XDS_SERVER_URL"))
+	str(&c.XDSNodeID, "xds-node-id", "default", "node id sent to the xDS server (its snapshots are keyed by it)", plainEnv("CONFIG_GRPC_XDS_NODE_ID"))
+	str(&c.XDSNodeMetadata, "xds-node-metadata", "", "node metadata sent to the xDS server: key=value,key2=value2", plainEnv("CONFIG_GRPC_XDS_NODE_METADATA"))
+	fs.DurationVar(&c.XDSConnectRetry, "xds-connect-retry-interval", 3*time.Second, "wait between attempts to reach an xDS server that does not answer")
+	legacy["xds-connect-retry-interval"] = plainEnv("CONFIG_GRPC_XDS_SERVER_CONNECT_RETRY_INTERVAL")
+	str(&c.XDSHeaders, "xds-headers", "", "gRPC metadata sent to the xDS server: key:value,key2:value2", plainEnv("CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS"))
+	boolean(&c.XDSTLS, "xds-tls", false, "speak TLS to the xDS server (verified against --xds-tls-ca, or the system roots)", plainEnv("CONFIG_GRPC_XDS_SERVER_USE_TLS"))
+	str(&c.XDSTLSCert, "xds-tls-cert", "", "PEM client certificate presented to the xDS server (with --xds-tls-key; reloaded on change)", plainEnv("CONFIG_GRPC_XDS_CLIENT_TLS_CERT"))
+	str(&c.XDSTLSKey, "xds-tls-key", "", "PEM private key of --xds-tls-cert", plainEnv("CONFIG_GRPC_XDS_CLIENT_TLS_KEY"))
+	str(&c.XDSTLSCA, "xds-tls-ca", "", "PEM CA bundle the xDS server's certificate must chain to (default: the system roots)", plainEnv("CONFIG_GRPC_XDS_SERVER_TLS_CACERT"))
+	str(&c.XDSTLSSAN, "xds-tls-san", "", "name the xDS server's certificate must carry (default: the host of --xds-server)", plainEnv("CONFIG_GRPC_XDS_SERVER_TLS_SAN"))
+	fs.DurationVar(&c.XDSBackoffInitial, "xds-backoff-initial", 10*time.Second, "first wait before reopening a lost xDS stream")
+	legacy["xds-backoff-initial"] = plainEnv("XDS_CLIENT_BACKOFF_INITIAL_INTERVAL")
+	fs.DurationVar(&c.XDSBackoffMax, "xds-backoff-max", time.Minute, "longest wait before reopening a lost xDS stream")
+	legacy["xds-backoff-max"] = plainEnv("XDS_CLIENT_BACKOFF_MAX_INTERVAL")
+	fs.Float64Var(&c.XDSBackoffFactor, "xds-backoff-factor", 0.5, "each wait in a row is the first times this to the power of the attempt, within [initial, max] (below 1: always the first wait)")
+	legacy["xds-backoff-factor"] = plainEnv("XDS_CLIENT_BACKOFF_RANDOM_FACTOR")
+	boolean(&c.XDSBackoffJitter, "xds-backoff-jitter", true, "draw each wait uniformly between the first wait and its value", plainEnv("XDS_CLIENT_BACKOFF_JITTER"))
+	fs.IntVar(&c.XDSMaxMessageBytes, "xds-max-message-bytes", 0, "largest xDS response accepted (0: 4 MiB)")
+	legacy["xds-max-message-bytes"] = plainEnv("XDS_CLIENT_MAX_MSG_SIZE_IN_BYTES")
+	str(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle RLS clients' certificates must chain to: every RLS client then needs one (mTLS; needs --grpc-tls-cert; reloaded on change)", clientCAEnv)
+	str(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "name an RLS client's certificate must carry: a DNS name (wildcard SANs match) or IP, or a URI such as spiffe://...; needs --grpc-tls-client-ca", plainEnv("GRPC_CLIENT_TLS_SAN"))
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
+	registerTracingFlags(fs, legacy, c)
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
 }
@@ -234,7 +297,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 // variables and flags, and validates the result.
 func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveConfig, []string, error) {
 	getenv := env.get
-	c := &serveConfig{origin: map[string]string{}}
+	c := &serveConfig{parsed: &parsedFlags{origin: map[string]string{}}}
 	fs, legacy := newServeFlags(c, stderr)
 	var notes []string
 	var errs []error
@@ -242,7 +305,7 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 		if err := fs.Set(name, value); err != nil {
 			errs = append(errs, fmt.Errorf("serve: %s=%q: %v", source, value, err))
 		}
-		c.origin[name] = source
+		c.parsed.origin[name] = source
 	}
 	fs.VisitAll(func(f *flag.Flag) {
 		if l, ok := legacy[f.Name]; ok {
@@ -261,12 +324,12 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
 	}
-	c.flags = fs
+	c.parsed.flags = fs
 	// fs counts the variables' values as set too: a second parse of args
 	// alone tells which flags the command line gave.
 	cmdline, _ := newServeFlags(&serveConfig{}, io.Discard)
 	if cmdline.Parse(args) == nil {
-		cmdline.Visit(func(f *flag.Flag) { c.origin[f.Name] = "--" + f.Name })
+		cmdline.Visit(func(f *flag.Flag) { c.parsed.origin[f.Name] = "--" + f.Name })
 	}
 	if fs.NArg() > 0 {
 		return nil, nil, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -337,6 +400,9 @@ func (c *serveConfig) validate() error {
 	if n := countSet(c.GRPCTLSCert, c.GRPCTLSKey); n != 0 && n != 2 {
 		errs = append(errs, errors.New("serve: --grpc-tls-cert and --grpc-tls-key go together"))
 	}
+	errs = append(errs, c.validateConfigSource()...)
+	errs = append(errs, c.validateRLSClientTLS()...)
+	errs = append(errs, c.validateTracing()...)
 	if len(c.ClusterName) > membership.MaxLabelLen {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}
@@ -348,7 +414,7 @@ func (c *serveConfig) validate() error {
 // resolved them (--dry-run). The value of a flag that holds a secret itself
 // (see secretFlag) is printed as <redacted>; file paths are printed.
 func (c *serveConfig) writeSettings(w io.Writer) {
-	c.flags.VisitAll(func(f *flag.Flag) {
+	c.parsed.flags.VisitAll(func(f *flag.Flag) {
 		v := f.Value.String()
 		if v != "" && secretFlag(f.Name) {
 			v = "<redacted>"
@@ -376,12 +442,15 @@ func secretFlag(name string) bool {
 //	serve: --grpc-addr :8081 (the default; set --grpc-addr or RINGLIMIT_GRPC_ADDR): listen tcp :8081: bind: address already in use
 //	serve: --config /etc/rl (from RINGLIMIT_CONFIG; default /srv/runtime_data/current/config): no such file or directory
 func (c *serveConfig) flagError(name string, err error) error {
-	f := c.flags.Lookup(name)
-	if f == nil { // a flag that does not exist: a bug here, but still an error
+	var f *flag.Flag
+	if c.parsed != nil {
+		f = c.parsed.flags.Lookup(name)
+	}
+	if f == nil { // not parsed from flags (a test), or no such flag
 		return fmt.Errorf("serve: --%s: %w", name, err)
 	}
 	src := fmt.Sprintf("the default; set --%s or %s", name, envName(name))
-	if o, ok := c.origin[name]; ok {
+	if o, ok := c.parsed.origin[name]; ok {
 		src = fmt.Sprintf("from %s; default %s", o, orNone(f.DefValue))
 	}
 	return fmt.Errorf("serve: --%s %s (%s): %w", name, orNone(f.Value.String()), src, err)

@@ -4,6 +4,7 @@
 //	ringlimit serve     run the service
 //	ringlimit check     ask a running service for one decision
 //	ringlimit validate  check a config file or directory
+//	ringlimit keygen    print a new gossip key
 //	ringlimit version   print the version
 //
 // Only this package reads flags, environment variables and files, builds the
@@ -12,6 +13,7 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
 	"fmt"
 	"io"
 	"os"
@@ -41,6 +43,8 @@ func run(ctx context.Context, args []string, env []string, stdout, stderr io.Wri
 		return checkCmd(ctx, args[1:], stdout, stderr)
 	case "validate":
 		return validateCmd(args[1:], environment(env).get, stdout, stderr)
+	case "keygen":
+		return keygenCmd(args[1:], rand.Reader, stdout, stderr)
 	case "version", "--version", "-version":
 		fmt.Fprintln(stdout, "ringlimit", version())
 		return 0
@@ -60,6 +64,7 @@ commands:
   serve     run the rate limit service (RLS v3 gRPC, HTTP, debug)
   check     ask a running service for one decision and print every field
   validate  validate a config file or directory
+  keygen    print a new random gossip key (base64, for --gossip-key-file)
   bench     load-test an RLS server (or run a do-nothing one: --noop-server)
   version   print the version
 

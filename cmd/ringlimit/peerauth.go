@@ -82,8 +82,8 @@ func (k *keyPairFile) get() (*tls.Certificate, error) {
 // caFile is a PEM CA bundle, reloaded like keyPairFile. Safe for concurrent
 // use.
 type caFile struct {
-	path string
-	log  *slog.Logger // failed reloads; nil is silent
+	flag, path string
+	log        *slog.Logger // failed reloads; nil is silent
 
 	mu    sync.Mutex
 	stamp fileStamp
@@ -98,18 +98,18 @@ func (c *caFile) get() (*x509.CertPool, error) {
 	st, err := stampOf(c.path)
 	if err != nil || (c.pool != nil && st == c.stamp) {
 		if c.pool == nil {
-			return nil, fmt.Errorf("serve: --peer-tls-ca: %w", err)
+			return nil, fmt.Errorf("serve: --%s: %w", c.flag, err)
 		}
 		return c.pool, nil
 	}
 	pool, err := readCAPool(c.path)
 	if err != nil {
 		if c.pool == nil {
-			return nil, fmt.Errorf("serve: --peer-tls-ca: %w", err)
+			return nil, fmt.Errorf("serve: --%s: %w", c.flag, err)
 		}
 		if st != c.bad && c.log != nil {
 			c.bad = st
-			c.log.Warn("tls: reloading a changed CA bundle failed; still using the last good one", "flag", "--peer-tls-ca", "err", err)
+			c.log.Warn("tls: reloading a changed CA bundle failed; still using the last good one", "flag", "--"+c.flag, "err", err)
 		}
 		return c.pool, nil
 	}
@@ -136,6 +136,9 @@ type tlsFiles struct {
 	peer *keyPairFile // --peer-tls-cert/--peer-tls-key: peer mTLS
 	ca   *caFile      // --peer-tls-ca, set with peer
 	rls  *keyPairFile // --grpc-tls-cert/--grpc-tls-key: server TLS for RLS clients
+	// --grpc-tls-client-ca/--grpc-tls-client-san: RLS clients need a
+	// certificate (set with rls).
+	clients *rlsClientAuth
 }
 
 // setLogger makes the files log reloads that fail (once per change of the
@@ -149,6 +152,9 @@ func (f *tlsFiles) setLogger(log *slog.Logger) {
 	if f.ca != nil {
 		f.ca.log = log
 	}
+	if f.clients != nil {
+		f.clients.setLogger(log)
+	}
 }
 
 // newTLSFiles reads the files once, so that a bad one fails at start.
@@ -156,7 +162,7 @@ func newTLSFiles(c *serveConfig) (*tlsFiles, error) {
 	f := &tlsFiles{}
 	if c.PeerTLSCert != "" {
 		f.peer = &keyPairFile{flag: "peer-tls-cert", certPath: c.PeerTLSCert, keyPath: c.PeerTLSKey}
-		f.ca = &caFile{path: c.PeerTLSCA}
+		f.ca = &caFile{flag: "peer-tls-ca", path: c.PeerTLSCA}
 		if _, err := f.peer.get(); err != nil {
 			return nil, err
 		}
@@ -170,13 +176,29 @@ func newTLSFiles(c *serveConfig) (*tlsFiles, error) {
 			return nil, err
 		}
 	}
+	if c.GRPCTLSClientCA != "" {
+		if f.rls == nil {
+			return nil, errors.New("serve: --grpc-tls-client-ca needs --grpc-tls-cert")
+		}
+		var err error
+		if f.clients, err = newRLSClientAuth(c.GRPCTLSClientCA, c.GRPCTLSClientSAN); err != nil {
+			return nil, err
+		}
+	}
 	return f, nil
 }
 
 // serverConfig is the gRPC listener's TLS, or nil for plaintext. With peer
 // mTLS, a client certificate is verified against the CA when one is given
 // (VerifyClientCertIfGiven), so RLS clients need none; the Peer service
-// itself demands one (see grpcServerOptions).
+// itself demands one (see grpcServerOptions). With RLS client mTLS
+// (f.clients), a connection that does not ask for ringlimit-peer must
+// present a certificate of the client CA, and one that does must present
+// a peer certificate: no connection goes without a verified certificate.
+// An RLS client's certificate is checked by f.clients, not by the
+// handshake, so its connection has no VerifiedChains and the Peer
+// service's gate (which admits verified chains) refuses it even when the
+// client CA is the peer CA.
 func (f *tlsFiles) serverConfig() *tls.Config {
 	if f.peer == nil && f.rls == nil {
 		return nil
@@ -185,7 +207,8 @@ func (f *tlsFiles) serverConfig() *tls.Config {
 		MinVersion: tls.VersionTLS12,
 		GetConfigForClient: func(hello *tls.ClientHelloInfo) (*tls.Config, error) {
 			kp := f.rls
-			if kp == nil || (f.peer != nil && hello.ServerName == peerServerName) {
+			peerConn := kp == nil || (f.peer != nil && hello.ServerName == peerServerName)
+			if peerConn {
 				kp = f.peer
 			}
 			cert, err := kp.get()
@@ -197,12 +220,18 @@ func (f *tlsFiles) serverConfig() *tls.Config {
 				Certificates: []tls.Certificate{*cert},
 				NextProtos:   []string{"h2"},
 			}
-			if f.peer != nil {
+			switch {
+			case f.clients != nil && !peerConn:
+				f.clients.configure(cfg)
+			case f.peer != nil:
 				pool, err := f.ca.get()
 				if err != nil {
 					return nil, err
 				}
 				cfg.ClientAuth, cfg.ClientCAs = tls.VerifyClientCertIfGiven, pool
+				if f.clients != nil {
+					cfg.ClientAuth = tls.RequireAndVerifyClientCert
+				}
 			}
 			return cfg, nil
 		},

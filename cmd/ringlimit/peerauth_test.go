@@ -63,9 +63,10 @@ func newTestCA(t *testing.T, name string) *testCA {
 	return &testCA{cert: cert, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
-// issue writes a leaf certificate for peers (server and client use) and its
-// key under dir as name.crt and name.key and returns their paths.
-func (ca *testCA) issue(t *testing.T, dir, name string, serial int64) (certPath, keyPath string) {
+// issue writes a leaf certificate for peers (server and client use, IP SAN
+// 127.0.0.1 and the DNS SANs name and dns) and its key under dir as
+// name.crt and name.key and returns their paths.
+func (ca *testCA) issue(t *testing.T, dir, name string, serial int64, dns ...string) (certPath, keyPath string) {
 	t.Helper()
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
@@ -79,6 +80,7 @@ func (ca *testCA) issue(t *testing.T, dir, name string, serial int64) (certPath,
 		KeyUsage:     x509.KeyUsageDigitalSignature,
 		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
 		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
+		DNSNames:     append([]string{name}, dns...),
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
 	if err != nil {

@@ -43,25 +43,32 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 	if len(ignored) > 0 {
 		log.Warn("ignoring envoyproxy/ratelimit settings that have no meaning here (no Redis, no statsd; metrics are on the debug listener)", "vars", strings.Join(ignored, ","))
 	}
-	if _, err := os.Stat(c.Config); err != nil {
-		var pe *fs.PathError
-		if errors.As(err, &pe) {
-			err = pe.Err // the path is in the message already
+	var cfg *rls.Config // nil with xDS: it comes from the server
+	if !c.xds() {
+		if _, err := os.Stat(c.Config); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err // the path is in the message already
+			}
+			fmt.Fprintln(stderr, c.flagError("config", err))
+			return 1
 		}
-		fmt.Fprintln(stderr, c.flagError("config", err))
-		return 1
-	}
-	cfg, err := rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
-	if err != nil {
-		for _, e := range flattenErrors(err) {
-			fmt.Fprintln(stderr, e)
+		cfg, err = rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
+		if err != nil {
+			for _, e := range flattenErrors(err) {
+				fmt.Fprintln(stderr, e)
+			}
+			return 1
 		}
-		return 1
+		warnConfig(log, c.Config, cfg)
 	}
-	warnConfig(log, c.Config, cfg)
 	if c.DryRun {
 		c.writeSettings(stdout)
-		fmt.Fprintf(stdout, "# config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+		if cfg == nil {
+			fmt.Fprintf(stdout, "# config: from the xds server %s as node %q\n", c.XDSServer, c.XDSNodeID)
+		} else {
+			fmt.Fprintf(stdout, "# config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+		}
 		return 0
 	}
 	if err := serve(ctx, c, cfg, log); err != nil {
@@ -94,7 +101,8 @@ func newLogger(c *serveConfig, w io.Writer) *slog.Logger {
 // drain, before the calls and streams still open are cut.
 const stopGrace = 2 * time.Second
 
-// serve builds the node and runs it until ctx ends.
+// serve builds the node and runs it until ctx ends; cfg is nil when the
+// config comes from xDS.
 func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logger) error {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -129,7 +137,22 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	if err != nil {
 		return err
 	}
+	tr, err := newTracing(c, log)
+	if err != nil {
+		return err
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), tracingFlushTimeout)
+		defer cancel()
+		tr.shutdown(ctx, log)
+	}()
 	tlsf.setLogger(log)
+	var xdsDial grpc.DialOption
+	if cfg == nil {
+		if xdsDial, err = c.xdsDialOption(log); err != nil {
+			return err
+		}
+	}
 	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
 	if err != nil {
 		return c.flagError("grpc-addr", err)
@@ -149,7 +172,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	var node *clusterNode
 	var members aliveLister
 	if len(c.joinList()) > 0 {
-		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions(), restore)
+		node, err = startCluster(c, grpcLis.Addr().String(), store, reg, log, tlsf.peerDialOptions(), restore, tr.tracerOrNil())
 		if err != nil {
 			grpcLis.Close()
 			httpLis.Close()
@@ -166,8 +189,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// one of small repeated fields decodes to a hundred times its size.
 	// The keepalive policy lets peers (and Envoy) ping every 5 s or more
 	// and closes client connections that stop answering pings.
-	gs := grpc.NewServer(append(append(grpcServerOptions(tlsf, members), transport.ServerOptions()...),
-		grpc.MaxRecvMsgSize(max(transport.MaxMessageSize, 2*c.MaxRequestSize)))...)
+	gs := grpc.NewServer(append(append(append(grpcServerOptions(tlsf, members), transport.ServerOptions()...),
+		grpc.MaxRecvMsgSize(max(transport.MaxMessageSize, 2*c.MaxRequestSize))), tr.serverOptions()...)...)
 	if node != nil {
 		node.register(gs)
 	}
@@ -175,6 +198,8 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	metrics := rls.NewMetrics(reg)
 	svc, err := rls.NewService(rls.Options{
 		ShadowMode:                 c.ShadowMode,
+		QuotaMode:                  c.QuotaMode,
+		DynamicMetadata:            c.DynamicMetadata,
 		StopIncrementWhenOverLimit: c.StopIncrement,
 		NearLimitRatio:             c.NearLimitRatio,
 		ResponseHeaders:            c.ResponseHeaders,
@@ -183,42 +208,66 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		HeaderReset:                c.HeaderReset,
 		Bounds: rls.Bounds{MaxDescriptors: c.MaxDescriptors, MaxEntries: c.MaxEntries, MaxValueLen: c.MaxValueLen,
 			MaxKeyLen: c.MaxKeyLen, MaxDomainLen: c.MaxKeyLen, MaxRequestSize: c.MaxRequestSize},
-		Clock:  clock,
-		Logger: log,
+		Clock:        clock,
+		Logger:       log,
+		Unconfigured: cfg == nil,
 	}, counter, metrics)
 	if err != nil {
 		return err
 	}
-	svc.SetConfig(cfg)
+	if cfg != nil {
+		svc.SetConfig(cfg)
+	}
 	svc.Register(gs)
 	hs := health.NewServer()
 	healthpb.RegisterHealthServer(gs, hs)
-	for _, name := range []string{"", "ratelimit"} {
-		hs.SetServingStatus(name, healthpb.HealthCheckResponse_NOT_SERVING)
-	}
 
-	watcher, err := rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
-		func(cfg *rls.Config) {
-			svc.SetConfig(cfg)
-			log.Info("config reloaded", "domains", len(cfg.Domains()), "rules", len(cfg.Rules()))
-			warnConfig(log, c.Config, cfg)
-		}, svc.ConfigError)
-	if err != nil {
-		log.Warn("config hot reload disabled", "err", err)
+	var watcher *rls.Watcher
+	var xdsClient *rls.XDSClient
+	if cfg != nil {
+		watcher, err = rls.NewWatcher(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains},
+			func(cfg *rls.Config) {
+				svc.SetConfig(cfg)
+				log.Info("config reloaded", "domains", len(cfg.Domains()), "rules", len(cfg.Rules()))
+				warnConfig(log, c.Config, cfg)
+			}, svc.ConfigError)
+		if err != nil {
+			log.Warn("config hot reload disabled", "err", err)
+		}
+	} else if xdsClient, err = startXDS(c, xdsDial, svc, reg, log); err != nil {
+		if node != nil {
+			node.close()
+		}
+		grpcLis.Close()
+		httpLis.Close()
+		debugLis.Close()
+		return err
 	}
 
 	var stopping atomic.Bool
-	// notReady is why the node is not ready ("" when it is): /healthcheck's
-	// 503 body; gRPC health follows it too.
-	notReady := func() string {
+	// notReady says why the node is not ready ("" when it is), in plain
+	// words for /healthcheck's body.
+	hc := newHealthState(hs, func() string {
 		switch {
 		case stopping.Load():
 			return "shutting down: draining before exit"
-		case node != nil:
+		case node != nil && !node.node.Ready():
 			return node.node.NotReadyReason()
 		}
+		cfg := svc.Config() // nil with xDS before the first version
+		if cfg == nil {
+			if c.ForceStart {
+				return ""
+			}
+			return "no config loaded: waiting for the first config from the xDS server " + c.XDSServer
+		}
+		// With --healthy-with-config, a config without a domain is not
+		// ready, as in the reference.
+		if c.HealthyWithConfig && len(cfg.Domains()) == 0 {
+			return "no config loaded: the config has no domain (--healthy-with-config)"
+		}
 		return ""
-	}
+	})
 	debugMux := http.NewServeMux()
 	debugMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	debugMux.Handle("/rlconfig", svc.ConfigHandler())
@@ -231,7 +280,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		debugMux.Handle("/debug/cluster", node.debugHandler())
 	}
 	// ReadTimeout bounds a slow /json body (at most a few MiB) as well.
-	httpSrv := &http.Server{Handler: svc.HTTPHandler(notReady), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
+	httpSrv := &http.Server{Handler: svc.HTTPHandler(hc.NotReady), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
 	debugSrv := &http.Server{Handler: debugMux, ReadHeaderTimeout: 10 * time.Second}
 
 	var wg sync.WaitGroup
@@ -270,35 +319,31 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		}
 	}()
 
-	// Health follows readiness (config loaded, cluster joined).
+	// /healthcheck and gRPC health follow readiness (config loaded, cluster
+	// joined, not stopping) together.
+	hc.update()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		t := time.NewTicker(100 * time.Millisecond)
 		defer t.Stop()
-		serving := false
 		for {
 			select {
 			case <-sweepCtx.Done():
 				return
 			case <-t.C:
-				if r := notReady() == ""; r != serving {
-					serving = r
-					st := healthpb.HealthCheckResponse_NOT_SERVING
-					if r {
-						st = healthpb.HealthCheckResponse_SERVING
-					}
-					for _, name := range []string{"", "ratelimit"} {
-						hs.SetServingStatus(name, st)
-					}
-				}
+				hc.update()
 			}
 		}
 	}()
 
+	source := c.Config
+	if cfg == nil {
+		source = "xds " + c.XDSServer
+	}
 	log.Info("ringlimit serving", "version", version(), "node", c.NodeName,
 		"grpc", grpcLis.Addr().String(), "http", httpLis.Addr().String(), "debug", debugLis.Addr().String(),
-		"config", c.Config, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil, "data_dir", c.DataDir)
+		"config", source, "domains", len(cfg.Domains()), "rules", len(cfg.Rules()), "cluster", node != nil, "data_dir", c.DataDir)
 
 	var runErr error
 	var fatal <-chan error // a node whose identity another live member holds
@@ -315,6 +360,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	// Drain: stop answering ready, hand counters off and leave the cluster,
 	// then finish in-flight calls.
 	stopping.Store(true)
+	hc.update()
 	hs.Shutdown()
 	deadline, cancel := context.WithTimeout(context.Background(), c.ShutdownTimeout)
 	defer cancel()
@@ -349,6 +395,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	if watcher != nil {
 		watcher.Close()
 	}
+	if xdsClient != nil {
+		xdsClient.Close()
+	}
 	if node != nil {
 		node.close()
 	}
@@ -358,13 +407,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	return runErr
 }
 
-// warnConfig logs what a valid config may be missing: files in
-// subdirectories (the reference reads them, ringlimit does not), or no
-// domain at all (every request is then answered OK).
+// warnConfig logs what a valid config may be missing: a domain (without
+// one every request is answered OK).
 func warnConfig(log *slog.Logger, path string, cfg *rls.Config) {
-	if dirs := cfg.SkippedDirs(); len(dirs) > 0 {
-		log.Warn("config: subdirectories not read (envoyproxy/ratelimit reads them): move their files up into the config directory", "config", path, "dirs", strings.Join(dirs, ","))
-	}
 	if len(cfg.Domains()) == 0 {
 		log.Warn("config: no domain loaded: every request is answered OK", "config", path)
 	}

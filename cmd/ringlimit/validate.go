@@ -55,12 +55,9 @@ func validateCmd(args []string, getenv func(string) string, stdout, stderr io.Wr
 		}
 		return 1
 	}
-	for _, d := range cfg.SkippedDirs() {
-		fmt.Fprintf(stderr, "warning: %s: a subdirectory, not read (envoyproxy/ratelimit reads the files in it): move them up\n", d)
-	}
 	doms := cfg.Domains()
 	if len(doms) == 0 {
-		fmt.Fprintf(stderr, "validate: %s: no domain loaded (no config file, only dotfiles or subdirectories): every request would be answered OK\n", args[0])
+		fmt.Fprintf(stderr, "validate: %s: no domain loaded (no config file, only dotfiles): every request would be answered OK\n", args[0])
 		return 1
 	}
 	fmt.Fprintf(stdout, "ok: %s: %d domain(s), %d rule(s)\n", args[0], len(doms), len(cfg.Rules()))

@@ -55,26 +55,37 @@ descriptors:
 	}
 }
 
-// TestValidateEmptyAndNested: a directory whose only file is in a
-// subdirectory loads no domain: validate fails, naming the subdirectory it
-// did not read (envoyproxy/ratelimit would have read it).
+// TestValidateEmptyAndNested: files in subdirectories are read, as
+// envoyproxy/ratelimit reads them; a directory holding only dotfiles loads
+// no domain, and validate fails saying so.
 func TestValidateEmptyAndNested(t *testing.T) {
 	dir := t.TempDir()
-	sub := filepath.Join(dir, "nested")
-	if err := os.Mkdir(sub, 0o755); err != nil {
+	sub := filepath.Join(dir, "nested", "deeper")
+	if err := os.MkdirAll(sub, 0o755); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.WriteFile(filepath.Join(sub, "a.yaml"), []byte("domain: d\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	if code := validateCmd([]string{dir}, func(string) string { return "" }, &out, &errb); code != 1 {
+	if code := validateCmd([]string{dir}, func(string) string { return "" }, &out, &errb); code != 0 {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 0", code, out.String(), errb.String())
+	}
+	if want := "ok: " + dir + ": 1 domain(s), 1 rule(s)"; !strings.Contains(out.String(), want) {
+		t.Errorf("stdout %q lacks %q", out.String(), want)
+	}
+
+	empty := t.TempDir()
+	if err := os.WriteFile(filepath.Join(empty, ".hidden.yaml"), []byte("domain: d\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	errb.Reset()
+	if code := validateCmd([]string{empty}, func(string) string { return "" }, &out, &errb); code != 1 {
 		t.Fatalf("exit %d, stdout %q, stderr %q; want 1", code, out.String(), errb.String())
 	}
-	for _, want := range []string{"warning: " + sub + ": a subdirectory, not read", "validate: " + dir + ": no domain loaded"} {
-		if !strings.Contains(errb.String(), want) {
-			t.Errorf("stderr %q lacks %q", errb.String(), want)
-		}
+	if want := "validate: " + empty + ": no domain loaded"; !strings.Contains(errb.String(), want) {
+		t.Errorf("stderr %q lacks %q", errb.String(), want)
 	}
 }
 
