@@ -61,9 +61,10 @@ func TestSettingsRedactSecrets(t *testing.T) {
 	fs.String("empty-secret", "", "")
 	fs.String("peer-tls-key", "/tls/key.pem", "")
 	fs.String("gossip-key-file", "/etc/gossip.key", "")
+	fs.Int("max-keys", 1024, "")
 	var out bytes.Buffer
 	(&serveConfig{parsed: &parsedFlags{flags: fs}}).writeSettings(&out)
-	want := "admin-token=<redacted>\nempty-secret=\ngossip-key=<redacted>\ngossip-key-file=/etc/gossip.key\ngossip-keys=<redacted>\npeer-tls-key=/tls/key.pem\n"
+	want := "admin-token=<redacted>\nempty-secret=\ngossip-key=<redacted>\ngossip-key-file=/etc/gossip.key\ngossip-keys=<redacted>\nmax-keys=1024\npeer-tls-key=/tls/key.pem\n"
 	if out.String() != want {
 		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
 	}

@@ -425,14 +425,16 @@ func (c *serveConfig) writeSettings(w io.Writer) {
 
 // secretFlag reports whether a flag's value is a secret: a name with
 // secret, password, token or credential in it, or ending in -key or -keys
-// (the --*-tls-key flags name PEM files, not keys, and are printed).
+// (but the --*-tls-key flags name PEM files, and --max-keys is a count:
+// those are printed).
 func secretFlag(name string) bool {
 	for _, w := range []string{"secret", "password", "token", "credential"} {
 		if strings.Contains(name, w) {
 			return true
 		}
 	}
-	return (strings.HasSuffix(name, "-key") || strings.HasSuffix(name, "-keys")) && !strings.HasSuffix(name, "-tls-key")
+	keyed := strings.HasSuffix(name, "-key") || strings.HasSuffix(name, "-keys")
+	return keyed && !strings.HasSuffix(name, "-tls-key") && !strings.HasPrefix(name, "max-")
 }
 
 // flagError is a start-up error about the value of a flag: it names the
