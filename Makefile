@@ -7,16 +7,34 @@ VERSION  ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev
 LDFLAGS  := -s -w -X main.buildVersion=$(VERSION)
 IMAGE    ?= ghcr.io/ringlimit/ringlimit
 
-.PHONY: all build run test allocs lint vet fmt fuzz-short fuzz chaos sim bench proto image clean
+.PHONY: all help build run test allocs lint vet fmt fuzz-short fuzz chaos sim bench proto image clean
 
 all: build
+
+help:
+	@echo 'make run      build, then start RUN_NODES (3) nodes on 127.0.0.1 serving deploy/examples/config; Ctrl-C stops them'
+	@echo '              RUN_PORT_BASE=9000 make run moves every port: node i uses BASE+100i (HTTP), +1 (gRPC), +2 (debug), +3 (gossip);'
+	@echo '              the default 8080 gives node 0 HTTP 8080, gRPC 8081, debug 8082, gossip 8083'
+	@echo 'make build    the binary in $(BIN)'
+	@echo 'make test     vet, gofmt, race-enabled tests of every package, allocation tests, a short fuzz run (under 10 minutes)'
+	@echo 'make lint     vet and gofmt'
+	@echo 'make bench    the floor, one node and three nodes under the same load (a few minutes)'
+	@echo 'make chaos    the full failure suite (about 3 minutes)'
+	@echo 'make sim      the deterministic simulation (SIM_SEEDS, SIM_SEED, SIM_BREAK)'
+	@echo 'make image    the container image (needs Docker)'
 
 build:
 	$(GO) build -trimpath -ldflags '$(LDFLAGS)' -o $(BIN) ./cmd/ringlimit
 
 # A local cluster on loopback serving deploy/examples/config; Ctrl-C stops it.
-run: build
-	./deploy/local/run-cluster.sh $(BIN)
+# RUN_PORT_BASE moves every port it uses (see make help).
+RUN_NODES     ?= 3
+RUN_PORT_BASE ?= 8080
+run:
+	@echo "make run: building $(BIN) (the first build downloads modules and compiles everything: about 2 minutes; later ones take seconds)..."
+	@$(MAKE) --no-print-directory build
+	@echo "make run: built; starting the cluster (Ctrl-C stops it)"
+	@RUN_PORT_BASE=$(RUN_PORT_BASE) ./deploy/local/run-cluster.sh $(BIN) $(RUN_NODES)
 
 # vet + gofmt + race-enabled tests of every package (incl. the short chaos
 # suite and the short simulation, three small seeds of make sim), the allocation tests (without -race, which changes allocation

@@ -495,9 +495,9 @@ func pct(a, b int) float64 {
 type debugView struct {
 	Ring    []string `json:"ring"`
 	Members []struct {
-		ID      string
-		State   string
-		Suspect bool `json:"suspect"`
+		ID      string `json:"id"`
+		State   string `json:"state"`
+		Suspect bool   `json:"suspect"`
 	} `json:"members"`
 }
 

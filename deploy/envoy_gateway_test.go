@@ -577,24 +577,24 @@ func TestEnvoyGatewayPodAcceptedByServe(t *testing.T) {
 		t.Fatalf("ringlimit refused the pod's environment: %v\n%s", err, out)
 	}
 	for field, want := range map[string]string{
-		"NodeName":        p.name,
-		"AdvertiseAddr":   p.ip,
-		"Join":            "ringlimit-peers.envoy-gateway-system.svc.cluster.local:7946",
-		"GossipKeyFile":   "/etc/ringlimit/gossip/gossip.key",
-		"ClusterName":     "envoy-gateway",
-		"PeerTLSCert":     "/certs/tls.crt",
-		"PeerTLSKey":      "/certs/tls.key",
-		"PeerTLSCA":       "/certs/ca.crt",
-		"GRPCTLSCert":     "/certs/tls.crt", // Envoy Gateway's GRPC_SERVER_TLS_CERT
-		"GRPCTLSKey":      "/certs/tls.key",
-		"GRPCAddr":        ":8081",
-		"HTTPAddr":        ":8080",
-		"DebugAddr":       ":19001",
-		"ShutdownTimeout": "30s",
-		"LogLevel":        "info", // Envoy Gateway's LOG_LEVEL
-		"DataDir":         "",
-		"GRPCTLSClientCA": "/certs/ca.crt",
-		"ConfigType":      "GRPC_XDS_SOTW",
+		"node-name":          p.name,
+		"advertise-addr":     p.ip,
+		"join":               "ringlimit-peers.envoy-gateway-system.svc.cluster.local:7946",
+		"gossip-key-file":    "/etc/ringlimit/gossip/gossip.key",
+		"cluster-name":       "envoy-gateway",
+		"peer-tls-cert":      "/certs/tls.crt",
+		"peer-tls-key":       "/certs/tls.key",
+		"peer-tls-ca":        "/certs/ca.crt",
+		"grpc-tls-cert":      "/certs/tls.crt", // Envoy Gateway's GRPC_SERVER_TLS_CERT
+		"grpc-tls-key":       "/certs/tls.key",
+		"grpc-addr":          ":8081",
+		"http-addr":          ":8080",
+		"debug-addr":         ":19001",
+		"shutdown-timeout":   "30s",
+		"log-level":          "info", // Envoy Gateway's LOG_LEVEL
+		"data-dir":           "",
+		"grpc-tls-client-ca": "/certs/ca.crt",
+		"config-type":        "GRPC_XDS_SOTW",
 	} {
 		if got[field] != want {
 			t.Errorf("%s = %q, want %q\n%s", field, got[field], want, out)

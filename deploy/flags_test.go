@@ -6,7 +6,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -34,15 +33,12 @@ func dryRun(t *testing.T, bin string, args, env []string, configDir string) (map
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
 	settings := map[string]string{}
-	for _, m := range regexp.MustCompile(`(\w+):(\S*)`).FindAllStringSubmatch(strings.Trim(firstLine(stdout.String()), "{}"), -1) {
-		settings[m[1]] = m[2]
+	for _, line := range strings.Split(stdout.String(), "\n") {
+		if name, value, ok := strings.Cut(line, "="); ok && !strings.HasPrefix(line, "#") {
+			settings[name] = value
+		}
 	}
 	return settings, stdout.String() + stderr.String(), err
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
 }
 
 // writeConfigMap lays the kit's ConfigMap out as plain files in a new
@@ -76,18 +72,18 @@ func TestArgsAcceptedByServe(t *testing.T) {
 				keyFile := mustFlag(t, args, "gossip-key-file")
 				bracketed := "[" + ip + "]"
 				for field, want := range map[string]string{
-					"NodeName":        p.name,
-					"AdvertiseAddr":   ip,
-					"GRPCAddr":        bracketed + ":8081",
-					"HTTPAddr":        bracketed + ":8080",
-					"DebugAddr":       bracketed + ":6070",
-					"GossipAddr":      bracketed + ":7946",
-					"Join":            "ringlimit-peers." + k.namespace + ".svc.cluster.local:7946",
-					"GossipKeyFile":   keyFile,
-					"LogFormat":       "json", // from LOG_FORMAT, envoyproxy/ratelimit's variable
-					"LogLevel":        "info",
-					"ShutdownTimeout": "30s",
-					"DataDir":         "/var/lib/ringlimit",
+					"node-name":        p.name,
+					"advertise-addr":   ip,
+					"grpc-addr":        bracketed + ":8081",
+					"http-addr":        bracketed + ":8080",
+					"debug-addr":       bracketed + ":6070",
+					"gossip-addr":      bracketed + ":7946",
+					"join":             "ringlimit-peers." + k.namespace + ".svc.cluster.local:7946",
+					"gossip-key-file":  keyFile,
+					"log-format":       "json", // from LOG_FORMAT, envoyproxy/ratelimit's variable
+					"log-level":        "info",
+					"shutdown-timeout": "30s",
+					"data-dir":         "/var/lib/ringlimit",
 				} {
 					if got[field] != want {
 						t.Errorf("%s = %q, want %q\n%s", field, got[field], want, out)
@@ -150,50 +146,50 @@ func TestMigrationEnvVars(t *testing.T) {
 		env  []string
 		want map[string]string
 	}{
-		{[]string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl", "RUNTIME_APPDIRECTORY=config"}, map[string]string{"Config": cfgDir}},
-		{[]string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl"}, map[string]string{"Config": cfgDir}},
-		{[]string{"MERGE_DOMAIN_CONFIG=true"}, map[string]string{"MergeDomains": "true"}},
-		{[]string{"GRPC_HOST=127.0.0.9", "GRPC_PORT=9081"}, map[string]string{"GRPCAddr": "127.0.0.9:9081"}},
-		{[]string{"HOST=127.0.0.9", "PORT=9080"}, map[string]string{"HTTPAddr": "127.0.0.9:9080"}},
-		{[]string{"DEBUG_HOST=127.0.0.9", "DEBUG_PORT=9070"}, map[string]string{"DebugAddr": "127.0.0.9:9070"}},
+		{[]string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl", "RUNTIME_APPDIRECTORY=config"}, map[string]string{"config": cfgDir}},
+		{[]string{"RUNTIME_ROOT=" + root, "RUNTIME_SUBDIRECTORY=rl"}, map[string]string{"config": cfgDir}},
+		{[]string{"MERGE_DOMAIN_CONFIG=true"}, map[string]string{"merge-domains": "true"}},
+		{[]string{"GRPC_HOST=127.0.0.9", "GRPC_PORT=9081"}, map[string]string{"grpc-addr": "127.0.0.9:9081"}},
+		{[]string{"HOST=127.0.0.9", "PORT=9080"}, map[string]string{"http-addr": "127.0.0.9:9080"}},
+		{[]string{"DEBUG_HOST=127.0.0.9", "DEBUG_PORT=9070"}, map[string]string{"debug-addr": "127.0.0.9:9070"}},
 		// A host alone binds that host on the reference's default port.
-		{[]string{"DEBUG_HOST=127.0.0.9"}, map[string]string{"DebugAddr": "127.0.0.9:6070"}},
-		{[]string{"GRPC_HOST=127.0.0.9"}, map[string]string{"GRPCAddr": "127.0.0.9:8081"}},
-		{[]string{"HOST=127.0.0.9"}, map[string]string{"HTTPAddr": "127.0.0.9:8080"}},
-		{[]string{"GRPC_PORT=9081"}, map[string]string{"GRPCAddr": ":9081"}},
-		{[]string{"LOG_LEVEL=debug", "LOG_FORMAT=json"}, map[string]string{"LogLevel": "debug", "LogFormat": "json"}},
+		{[]string{"DEBUG_HOST=127.0.0.9"}, map[string]string{"debug-addr": "127.0.0.9:6070"}},
+		{[]string{"GRPC_HOST=127.0.0.9"}, map[string]string{"grpc-addr": "127.0.0.9:8081"}},
+		{[]string{"HOST=127.0.0.9"}, map[string]string{"http-addr": "127.0.0.9:8080"}},
+		{[]string{"GRPC_PORT=9081"}, map[string]string{"grpc-addr": ":9081"}},
+		{[]string{"LOG_LEVEL=debug", "LOG_FORMAT=json"}, map[string]string{"log-level": "debug", "log-format": "json"}},
 		// The reference's logrus levels that slog lacks start too.
-		{[]string{"LOG_LEVEL=trace"}, map[string]string{"LogLevel": "trace"}},
-		{[]string{"LOG_LEVEL=fatal"}, map[string]string{"LogLevel": "fatal"}},
-		{[]string{"SHADOW_MODE=true"}, map[string]string{"ShadowMode": "true"}},
-		{[]string{"QUOTA_MODE=true"}, map[string]string{"QuotaMode": "true"}},
-		{[]string{"RESPONSE_DYNAMIC_METADATA=true"}, map[string]string{"DynamicMetadata": "true"}},
-		{[]string{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true"}, map[string]string{"HealthyWithConfig": "true"}},
-		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"StopIncrement": "true"}},
-		{[]string{"NEAR_LIMIT_RATIO=0.9"}, map[string]string{"NearLimitRatio": "0.9"}},
-		{[]string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"ResponseHeaders": "true"}},
+		{[]string{"LOG_LEVEL=trace"}, map[string]string{"log-level": "trace"}},
+		{[]string{"LOG_LEVEL=fatal"}, map[string]string{"log-level": "fatal"}},
+		{[]string{"SHADOW_MODE=true"}, map[string]string{"shadow-mode": "true"}},
+		{[]string{"QUOTA_MODE=true"}, map[string]string{"quota-mode": "true"}},
+		{[]string{"RESPONSE_DYNAMIC_METADATA=true"}, map[string]string{"response-dynamic-metadata": "true"}},
+		{[]string{"HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true"}, map[string]string{"healthy-with-config": "true"}},
+		{[]string{"STOP_CACHE_KEY_INCREMENT_WHEN_OVERLIMIT=true"}, map[string]string{"stop-increment-when-over-limit": "true"}},
+		{[]string{"NEAR_LIMIT_RATIO=0.9"}, map[string]string{"near-limit-ratio": "0.9"}},
+		{[]string{"LIMIT_RESPONSE_HEADERS_ENABLED=true"}, map[string]string{"response-headers": "true"}},
 		{[]string{"LIMIT_LIMIT_HEADER=X-L", "LIMIT_REMAINING_HEADER=X-R", "LIMIT_RESET_HEADER=X-S"},
-			map[string]string{"HeaderLimit": "X-L", "HeaderRemaining": "X-R", "HeaderReset": "X-S"}},
+			map[string]string{"header-limit": "X-L", "header-remaining": "X-R", "header-reset": "X-S"}},
 		// The reference's server TLS, only when turned on, as there.
 		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem"},
-			map[string]string{"GRPCTLSCert": "/tls/cert.pem", "GRPCTLSKey": "/tls/key.pem"}},
+			map[string]string{"grpc-tls-cert": "/tls/cert.pem", "grpc-tls-key": "/tls/key.pem"}},
 		{[]string{"GRPC_SERVER_USE_TLS=false", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem"},
-			map[string]string{"GRPCTLSCert": "", "GRPCTLSKey": ""}},
+			map[string]string{"grpc-tls-cert": "", "grpc-tls-key": ""}},
 		// TLS turned on the reference's way, with the certificate given ringlimit's way.
 		{[]string{"GRPC_SERVER_USE_TLS=true", "RINGLIMIT_GRPC_TLS_CERT=/tls/c.pem", "RINGLIMIT_GRPC_TLS_KEY=/tls/k.pem"},
-			map[string]string{"GRPCTLSCert": "/tls/c.pem", "GRPCTLSKey": "/tls/k.pem"}},
+			map[string]string{"grpc-tls-cert": "/tls/c.pem", "grpc-tls-key": "/tls/k.pem"}},
 		// RLS client mTLS: the reference's variables, and Envoy Gateway's CA variable.
 		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/tls/cert.pem", "GRPC_SERVER_TLS_KEY=/tls/key.pem", "GRPC_CLIENT_TLS_CACERT=/tls/ca.pem", "GRPC_CLIENT_TLS_SAN=envoy"},
-			map[string]string{"GRPCTLSClientCA": "/tls/ca.pem", "GRPCTLSClientSAN": "envoy"}},
+			map[string]string{"grpc-tls-client-ca": "/tls/ca.pem", "grpc-tls-client-san": "envoy"}},
 		{[]string{"GRPC_SERVER_USE_TLS=true", "GRPC_SERVER_TLS_CERT=/certs/tls.crt", "GRPC_SERVER_TLS_KEY=/certs/tls.key", "GRPC_SERVER_TLS_CA_CERT=/certs/ca.crt"},
-			map[string]string{"GRPCTLSClientCA": "/certs/ca.crt"}},
+			map[string]string{"grpc-tls-client-ca": "/certs/ca.crt"}},
 		// OpenTelemetry tracing.
 		{[]string{"TRACING_ENABLED=true", "TRACING_SERVICE_NAME=rl", "TRACING_SERVICE_NAMESPACE=edge", "TRACING_SERVICE_INSTANCE_ID=pod-1",
 			"TRACING_SAMPLING_RATE=0.25", "TRACING_EXPORTER_PROTOCOL=grpc"},
-			map[string]string{"TracingEnabled": "true", "TracingServiceName": "rl", "TracingNamespace": "edge", "TracingInstanceID": "pod-1",
-				"TracingSamplingRate": "0.25", "TracingProtocol": "grpc"}},
+			map[string]string{"tracing": "true", "tracing-service-name": "rl", "tracing-service-namespace": "edge", "tracing-service-instance-id": "pod-1",
+				"tracing-sampling-rate": "0.25", "tracing-exporter-protocol": "grpc"}},
 		// A RINGLIMIT_ variable wins over the reference's.
-		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"GRPCAddr": "127.0.0.9:9999"}},
+		{[]string{"GRPC_PORT=9081", "RINGLIMIT_GRPC_ADDR=127.0.0.9:9999"}, map[string]string{"grpc-addr": "127.0.0.9:9999"}},
 	} {
 		var names []string
 		for _, kv := range tc.env {

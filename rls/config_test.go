@@ -145,6 +145,49 @@ func TestParseErrors(t *testing.T) {
 	}
 }
 
+// TestParseSyntaxErrorLine checks the line a YAML syntax error names
+// against the line of the broken file it is about: yaml.v3 prints a parser
+// error's line 0-based (one too low) and none on the first line.
+func TestParseSyntaxErrorLine(t *testing.T) {
+	tests := []struct {
+		name string
+		yaml string
+		line int
+		msg  string
+	}{
+		// Parser errors: the line where the list or flow began.
+		{"list item indented wrong", "domain: d\ndescriptors:\n  - key: a\n   value: b\n", 3, "did not find expected '-' indicator"},
+		{"key beside a list", "domain: d\ndescriptors:\n  - key: a\n    value: b\n  key2: x\n", 3, "did not find expected '-' indicator"},
+		{"unclosed flow list", "domain: d\ndescriptors:\n  - key: a\n    rate_limit:\n      unit: second\n      requests_per_unit: [1\n", 6, "did not find expected ',' or ']'"},
+		{"unclosed flow mapping after a document start", "# limits\n---\ndomain: d\ndescriptors:\n  - {key: a, value: b\n", 5, "did not find expected ',' or '}'"},
+		{"unclosed flow on the first line", "domain: [\n", 1, "did not find expected node content"},
+		// Scanner errors: the line where the token began, already 1-based.
+		{"colon in a plain value", "# limits\n---\ndomain: d\ndescriptors:\n  - key: a\n    value: b: c\n", 6, "mapping values are not allowed in this context"},
+		{"tab after a plain scalar", "domain: d\ndescriptors:\n  - key: a\n\tvalue: b\n", 3, "found a tab character that violates indentation"},
+		{"unclosed quote", "domain: d\ndescriptors:\n  - key: \"a\n", 3, "found unexpected end of stream"},
+		{"unclosed quote on the only line", "domain: \"d", 1, "found unexpected end of stream"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("ratelimit.yaml", []byte(tt.yaml))
+			var fe *FieldError
+			if !errors.As(err, &fe) {
+				t.Fatalf("Parse: %v, want a *FieldError", err)
+			}
+			want := fmt.Sprintf("invalid yaml: line %d: %s", tt.line, tt.msg)
+			if fe.Line != tt.line || fe.Msg != want {
+				t.Errorf("got line %d %q, want line %d %q", fe.Line, fe.Msg, tt.line, want)
+			}
+		})
+	}
+	// Bad bytes have no line.
+	_, err := Parse("ratelimit.yaml", []byte("domain: d\x01\n"))
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Line != 0 || fe.Msg != "invalid yaml: control characters are not allowed" {
+		t.Errorf("control character: %v", err)
+	}
+}
+
 // TestParseValid covers what the reference accepts, and how it reads it.
 func TestParseValid(t *testing.T) {
 	const (

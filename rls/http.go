@@ -24,16 +24,19 @@ func (s *Service) maxJSONBody() int64 {
 }
 
 // HTTPHandler serves the reference's HTTP API: /healthcheck answers 200 "OK"
-// while ready() is true (500 otherwise, as the reference does), and /json
-// decides a protojson RateLimitRequest (camelCase or snake_case) sent with
-// any method, answering 200 when OK, 429 when over the limit and 400 for a
-// bad body.
-func (s *Service) HTTPHandler(ready func() bool) http.Handler {
+// when ready, else 500 (as the reference does) with "NOT READY: " and the
+// reason in plain text, what notReady returns ("" when ready; nil means
+// always ready). /json decides a protojson RateLimitRequest (camelCase or
+// snake_case) sent with any method, answering 200 when OK, 429 when over
+// the limit and 400 for a bad body.
+func (s *Service) HTTPHandler(notReady func() string) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/healthcheck", func(w http.ResponseWriter, r *http.Request) {
-		if ready != nil && !ready() {
-			http.Error(w, "NOT READY", http.StatusInternalServerError)
-			return
+		if notReady != nil {
+			if reason := notReady(); reason != "" {
+				http.Error(w, "NOT READY: "+reason, http.StatusInternalServerError)
+				return
+			}
 		}
 		io.WriteString(w, "OK")
 	})

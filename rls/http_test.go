@@ -37,18 +37,18 @@ func svBody(t *testing.T, resp *http.Response) string {
 func TestHTTPHealthcheck(t *testing.T) {
 	tests := []struct {
 		name     string
-		ready    func() bool
+		notReady func() string
 		wantCode int
 		wantBody string
 	}{
 		{"no readiness check", nil, http.StatusOK, "OK"},
-		{"ready", func() bool { return true }, http.StatusOK, "OK"},
-		{"not ready: 500, as in the reference", func() bool { return false }, http.StatusInternalServerError, "NOT READY\n"},
+		{"ready", func() string { return "" }, http.StatusOK, "OK"},
+		{"not ready: 500, as in the reference, and why", func() string { return "syncing" }, http.StatusInternalServerError, "NOT READY: syncing\n"},
 	}
 	h := svNew(t, svSeedConfig, Options{})
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			resp := svServe(h.svc.HTTPHandler(tt.ready), http.MethodGet, "/healthcheck", "")
+			resp := svServe(h.svc.HTTPHandler(tt.notReady), http.MethodGet, "/healthcheck", "")
 			if body := svBody(t, resp); resp.StatusCode != tt.wantCode || body != tt.wantBody {
 				t.Fatalf("GET /healthcheck = %d %q, want %d %q", resp.StatusCode, body, tt.wantCode, tt.wantBody)
 			}

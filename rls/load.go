@@ -1,6 +1,7 @@
 package rls
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
@@ -365,13 +366,12 @@ func (p *cfgParser) list(n *yaml.Node, path string) []*yaml.Node {
 func (p *cfgParser) parseFile(data []byte) (domain string, domainLine int, descs []*cfgDesc) {
 	var doc yaml.Node
 	if err := cfgUnmarshal(data, &doc); err != nil {
-		msg := strings.ReplaceAll(strings.TrimPrefix(err.Error(), "yaml: "), "\n", " ")
-		line := 0
-		if _, rest, ok := strings.Cut(msg, "line "); ok {
-			digits, _, _ := strings.Cut(rest, ":")
-			line, _ = strconv.Atoi(digits)
+		line, msg := cfgSyntaxError(err, data)
+		if line > 0 {
+			p.fail("", line, "invalid yaml: line %d: %s", line, msg)
+		} else {
+			p.fail("", 0, "invalid yaml: %s", msg)
 		}
-		p.fail("", line, "invalid yaml: %s", msg)
 		return "", 0, nil
 	}
 	var root *yaml.Node // nil for an empty file: an empty mapping
@@ -404,6 +404,75 @@ func (p *cfgParser) parseRoot(root *yaml.Node) (domain string, domainLine int, d
 		p.fail("domain", domainLine, "config file cannot have empty domain")
 	}
 	return domain, domainLine, descs
+}
+
+// cfgParserProblems are the syntax errors yaml.v3's parser reports, as
+// opposed to its scanner. yaml.v3 (v3.0.1) prints the line of a scanner
+// error 1-based but a parser error's 0-based, and leaves the line out when
+// the mark it reports is on the first line (0): cfgSyntaxError corrects both.
+var cfgParserProblems = map[string]bool{
+	"did not find expected ',' or ']'":       true,
+	"did not find expected ',' or '}'":       true,
+	"did not find expected '-' indicator":    true,
+	"did not find expected <document start>": true,
+	"did not find expected <stream-start>":   true,
+	"did not find expected key":              true,
+	"did not find expected node content":     true,
+	"found duplicate %TAG directive":         true,
+	"found duplicate %YAML directive":        true,
+	"found incompatible YAML document":       true,
+	"found undefined tag handle":             true,
+}
+
+// cfgSyntaxError turns a yaml.v3 syntax error ("yaml: line N: problem")
+// into the 1-based line yaml.v3 means (where the construct it was parsing
+// began, else where it found the problem; at most the file's last line) and
+// the problem. line is 0 for an error that is not about a place in the
+// file.
+func cfgSyntaxError(err error, data []byte) (line int, msg string) {
+	msg = strings.ReplaceAll(strings.TrimPrefix(err.Error(), "yaml: "), "\n", " ")
+	if !strings.HasPrefix(err.Error(), "yaml: ") {
+		return 0, msg // the decoder panicked, or not a syntax error
+	}
+	problem := msg
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		digits, after, found := strings.Cut(rest, ": ")
+		n, convErr := strconv.Atoi(digits)
+		if !found || convErr != nil {
+			return 0, msg
+		}
+		line, problem = n, after
+	}
+	switch {
+	case cfgParserProblems[problem]:
+		line++ // 0-based; 0 was left out
+	case line == 0 && cfgReaderProblem(problem):
+		return 0, problem // bad bytes: yaml.v3 gives no place
+	case line == 0:
+		line = 1 // a scanner error on the first line
+	}
+	if last := cfgLastLine(data); line > last {
+		line = last // the end of the file
+	}
+	return line, problem
+}
+
+// cfgReaderProblem reports whether problem is one of yaml.v3's reader
+// errors (an encoding problem, reported without a line).
+func cfgReaderProblem(problem string) bool {
+	for _, p := range []string{"control characters are not allowed", "invalid Unicode character", "input error",
+		"UTF-8", "UTF-16", "surrogate"} {
+		if strings.Contains(problem, p) {
+			return true
+		}
+	}
+	return false
+}
+
+// cfgLastLine is the 1-based number of the file's last line holding any
+// character (1 for an empty file).
+func cfgLastLine(data []byte) int {
+	return bytes.Count(bytes.TrimRight(data, "\n"), []byte("\n")) + 1
 }
 
 // cfgUnmarshal is yaml.Unmarshal with a panic in the decoder turned into an

@@ -25,9 +25,9 @@ func (m *Membership) joinLoop() {
 		}
 		failures++
 		if failures == 1 {
-			m.logger.Warn("membership: join failed, retrying in the background", "join", m.join, "err", m.joinError())
+			m.logger.Warn("membership: join failed, retrying in the background", "join", m.join, "err", m.JoinError())
 		} else {
-			m.logger.Debug("membership: join failed", "attempt", failures, "err", m.joinError())
+			m.logger.Debug("membership: join failed", "attempt", failures, "err", m.JoinError())
 		}
 		// Full backoff plus up to 50% jitter, so restarted pods do not
 		// retry in lockstep.

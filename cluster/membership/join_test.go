@@ -16,7 +16,7 @@ func TestMembershipJoinRetriesUntilSeedExists(t *testing.T) {
 		n := newTestNet(t)
 		seed := n.reserve()
 		b := startNode(t, n, "b", []string{seed})
-		testkit.WaitFor(t, quick, "a failed join attempt", func() bool { return b.joinError() != nil })
+		testkit.WaitFor(t, quick, "a failed join attempt", func() bool { return b.JoinError() != nil })
 		if b.Joined() {
 			t.Fatal("Joined() = true before the seed exists")
 		}
@@ -34,7 +34,7 @@ func TestMembershipJoinRetriesUntilSeedExists(t *testing.T) {
 		}
 		// Joined can turn true while the successful Join call is still
 		// returning (a's state arrived first), so poll the recorded error.
-		testkit.WaitFor(t, quick, "joinError to clear", func() bool { return b.joinError() == nil })
+		testkit.WaitFor(t, quick, "joinError to clear", func() bool { return b.JoinError() == nil })
 	})
 }
 
@@ -93,7 +93,7 @@ func TestMembershipSecretKey(t *testing.T) {
 					}
 					return
 				}
-				testkit.WaitFor(t, quick, "b's join to fail", func() bool { return b.joinError() != nil })
+				testkit.WaitFor(t, quick, "b's join to fail", func() bool { return b.JoinError() != nil })
 				if b.Joined() || a.numMembers() != 1 || b.numMembers() != 1 {
 					t.Fatalf("mismatched keys joined: b.Joined=%v a sees %d b sees %d", b.Joined(), a.numMembers(), b.numMembers())
 				}
@@ -103,7 +103,7 @@ func TestMembershipSecretKey(t *testing.T) {
 				if n := b.logs.Count(slog.LevelWarn, "join failed"); n != 1 {
 					t.Errorf("join failure reported %d times at warn level, want once", n)
 				}
-				t.Logf("reported: %v", b.joinError())
+				t.Logf("reported: %v", b.JoinError())
 			})
 		})
 	}
@@ -124,7 +124,7 @@ func TestMembershipLabelKeepsClustersApart(t *testing.T) {
 		none := startNode(t, n, "d", []string{a.Self().Addr})
 		testkit.WaitFor(t, quick, "b to join a", func() bool { return hasIDs(a.Alive(), "a", "b") && same.Joined() })
 		for _, o := range []*testNode{other, none} {
-			testkit.WaitFor(t, quick, o.Self().ID+"'s join to fail", func() bool { return o.joinError() != nil })
+			testkit.WaitFor(t, quick, o.Self().ID+"'s join to fail", func() bool { return o.JoinError() != nil })
 			if o.Joined() || o.numMembers() != 1 {
 				t.Errorf("%s (another label) joined: Joined=%v numMembers=%d", o.Self().ID, o.Joined(), o.numMembers())
 			}

@@ -78,7 +78,7 @@ func TestMembershipKeyRotationKeepsOneCluster(t *testing.T) {
 		}
 
 		stale := startNode(t, n, "stale", []string{nodes[0].Self().Addr}, withKeys(oldKey))
-		testkit.WaitFor(t, quick, "the old-key node's join to fail", func() bool { return stale.joinError() != nil })
+		testkit.WaitFor(t, quick, "the old-key node's join to fail", func() bool { return stale.JoinError() != nil })
 		if stale.Joined() {
 			t.Error("a node with only the removed key joined")
 		}

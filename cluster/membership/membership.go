@@ -67,7 +67,7 @@ type row struct {
 }
 
 // New validates cfg, starts memberlist and returns at once; joining
-// Join happens in the background with backoff (see Joined and joinError).
+// Join happens in the background with backoff (see Joined and JoinError).
 //
 // onChange, if not nil, is called from a single goroutine owned by the
 // Membership: first with just Self, then with Alive whenever the alive set
@@ -250,9 +250,9 @@ func (m *Membership) All() []Member {
 // it, or from the start when Join is empty.
 func (m *Membership) Joined() bool { return m.joined.Load() }
 
-// joinError returns the error of the latest join attempt, or nil if it
-// succeeded or none has finished yet.
-func (m *Membership) joinError() error {
+// JoinError returns the error of the latest join attempt, which names the
+// seeds, or nil if it succeeded or none has finished yet.
+func (m *Membership) JoinError() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.joinErr

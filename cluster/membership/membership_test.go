@@ -38,8 +38,8 @@ func TestMembershipThreeNodesRealNetwork(t *testing.T) {
 		testkit.WaitFor(t, quick, n.Self().ID+" onChange with 3", func() bool {
 			return slices.Equal(n.rec.last(), want)
 		})
-		if !n.Joined() || n.numMembers() != 3 || n.joinError() != nil {
-			t.Errorf("%s: Joined=%v numMembers=%d joinError=%v", n.Self().ID, n.Joined(), n.numMembers(), n.joinError())
+		if !n.Joined() || n.numMembers() != 3 || n.JoinError() != nil {
+			t.Errorf("%s: Joined=%v numMembers=%d joinError=%v", n.Self().ID, n.Joined(), n.numMembers(), n.JoinError())
 		}
 		if first := n.rec.snapshot()[0]; !slices.Equal(first, []Member{n.Self()}) {
 			t.Errorf("%s: first onChange = %+v, want just self", n.Self().ID, first)

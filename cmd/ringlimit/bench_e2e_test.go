@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"net"
 	"path/filepath"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,6 +97,9 @@ func TestBenchAgainstNoopServer(t *testing.T) {
 			t.Fatalf("exit %d", code)
 		}
 		checkAddsUp(t, j, j.Summary.Calls)
+		if want := (benchLoad{Domain: "ratelimit", Descriptors: []string{defaultBenchDescriptor}, Keys: 10000, Dist: "zipf", ZipfS: 1.1, Seed: 1}); !reflect.DeepEqual(j.Load, want) {
+			t.Errorf("load %+v, want %+v", j.Load, want)
+		}
 		// The cap is the point: never more than 300. Fewer only means the
 		// workers fell behind the schedule on a loaded machine.
 		if j.Summary.Calls < 1 || j.Summary.Calls > 300 || j.Summary.TotalSeconds < 0.95 || j.Summary.TotalSeconds > 3 {
@@ -113,7 +117,8 @@ func TestBenchAgainstNoopServer(t *testing.T) {
 			t.Fatalf("--json-file: %v", err)
 		}
 		checkAddsUp(t, reports[0], 200)
-		for _, want := range []string{"Summary:", "Requests/sec:", "Response time histogram (ms):", "Latency distribution:", "99.9% in ", "[OK]                  200 responses"} {
+		for _, want := range []string{"Summary:\n  Domain:\tratelimit\n  Descriptor:\t" + defaultBenchDescriptor + "\n",
+			"  Keys:\t10000, uniform, seed 1", "Requests/sec:", "Response time histogram (ms):", "Latency distribution:", "99.9% in ", "[OK]                  200 responses"} {
 			if !strings.Contains(out.String(), want) {
 				t.Errorf("report lacks %q:\n%s", want, out.String())
 			}

@@ -123,6 +123,20 @@ func parseTemplate(domain string, hits uint, descs []string) (*descTemplate, err
 	return t, nil
 }
 
+// descriptors returns the template's descriptors as --descriptor takes
+// them ("k=v,k2=v2", {ip} and {key} unexpanded).
+func (t *descTemplate) descriptors() []string {
+	out := make([]string, 0, len(t.descs))
+	for _, d := range t.descs {
+		entries := make([]string, 0, len(d))
+		for _, e := range d {
+			entries = append(entries, e.key+"="+e.value)
+		}
+		out = append(out, strings.Join(entries, ","))
+	}
+	return out
+}
+
 // splitPlaceholders splits a value into literals and {ip}/{key}.
 func splitPlaceholders(v string) ([]templatePart, error) {
 	var out []templatePart

@@ -34,6 +34,7 @@ func writeBenchText(w io.Writer, r *benchResult) {
 		title = "Summary (" + r.Label + "):"
 	}
 	p("\n%s\n", title)
+	writeBenchLoad(w, r.Load)
 	p("  Total:\t%.4f secs\n", r.Total.Seconds())
 	p("  Slowest:\t%.3f ms\n", ms(r.hist.slowest()))
 	p("  Fastest:\t%.3f ms\n", ms(r.hist.fastest()))
@@ -95,10 +96,29 @@ func writeBenchText(w io.Writer, r *benchResult) {
 	}
 }
 
+// writeBenchLoad prints what the run sent, at the top of the summary.
+func writeBenchLoad(w io.Writer, l benchLoad) {
+	fmt.Fprintf(w, "  Domain:\t%s\n", l.Domain)
+	for _, d := range l.Descriptors {
+		fmt.Fprintf(w, "  Descriptor:\t%s\n", d)
+	}
+	hits := "1 (hits_addend 0)"
+	if l.HitsAddend > 0 {
+		hits = strconv.FormatUint(uint64(l.HitsAddend), 10)
+	}
+	fmt.Fprintf(w, "  Hits/call:\t%s\n", hits)
+	dist := l.Dist
+	if l.Dist == "zipf" {
+		dist = fmt.Sprintf("zipf (s=%g, key 0 the hottest)", l.ZipfS)
+	}
+	fmt.Fprintf(w, "  Keys:\t%d, %s, seed %d ({ip} and {key} take one per call)\n", l.Keys, dist, l.Seed)
+}
+
 // benchJSON is the --json report. Times are in milliseconds unless the
 // name says seconds; every counted call is in exactly one status field.
 type benchJSON struct {
 	Label       string        `json:"label,omitempty"`
+	Load        benchLoad     `json:"load"`
 	Targets     []targetJSON  `json:"targets"`
 	Concurrency int           `json:"concurrency"`
 	Connections int           `json:"connections"`
@@ -152,7 +172,7 @@ type latencyJSON struct {
 // toJSON is r's --json report.
 func (r *benchResult) toJSON() benchJSON {
 	j := benchJSON{
-		Label: r.Label, Concurrency: r.Concurrency, Connections: r.Connections,
+		Label: r.Label, Load: r.Load, Concurrency: r.Concurrency, Connections: r.Connections,
 		DeadlineMS: ms(r.Deadline), Interrupted: r.Interrupted,
 		Summary: summaryJSON{
 			Calls: r.calls(), TotalSeconds: r.Total.Seconds(),

@@ -21,7 +21,8 @@ func sampleResult() *benchResult {
 		h.record(v * time.Millisecond)
 	}
 	return &benchResult{
-		Label: "one node", Targets: []string{"127.0.0.1:1", "127.0.0.1:2"}, Concurrency: 4, Connections: 2,
+		Label: "one node", Load: benchLoad{Domain: "ratelimit", Descriptors: []string{"remote_address={ip},PATH=/login", "user={key}"},
+			Keys: 10000, Dist: "zipf", ZipfS: 1.1, Seed: 7}, Targets: []string{"127.0.0.1:1", "127.0.0.1:2"}, Concurrency: 4, Connections: 2,
 		Deadline: 20 * time.Millisecond, Total: 2 * time.Second, hist: h,
 		OK: 5, OverLimit: 2, Unknown: 0, Errors: 2, DeadlineExceeded: 1,
 		ErrorCodes: []errorCount{{Code: codes.Unavailable, Message: "connection refused", Count: 2}},
@@ -34,6 +35,11 @@ func TestWriteBenchText(t *testing.T) {
 	writeBenchText(&b, sampleResult())
 	want := `
 Summary (one node):
+  Domain:	ratelimit
+  Descriptor:	remote_address={ip},PATH=/login
+  Descriptor:	user={key}
+  Hits/call:	1 (hits_addend 0)
+  Keys:	10000, zipf (s=1.1, key 0 the hottest), seed 7 ({ip} and {key} take one per call)
   Total:	2.0000 secs
   Slowest:	10.000 ms
   Fastest:	1.000 ms
@@ -96,7 +102,7 @@ func TestBenchJSONShape(t *testing.T) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	want := []string{"concurrency", "connections", "deadline_ms", "errors", "histogram", "label", "latency", "status", "summary", "targets"}
+	want := []string{"concurrency", "connections", "deadline_ms", "errors", "histogram", "label", "latency", "load", "status", "summary", "targets"}
 	if !reflect.DeepEqual(keys, want) {
 		t.Fatalf("top-level keys %v, want %v", keys, want)
 	}

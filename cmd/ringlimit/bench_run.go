@@ -39,9 +39,31 @@ type benchConfig struct {
 	Label          string          // names the run in --json and --compare
 }
 
+// benchLoad is what a run sent: the request and how its keys were chosen.
+type benchLoad struct {
+	Domain      string   `json:"domain"`
+	Descriptors []string `json:"descriptors"` // as --descriptor, {ip} and {key} unexpanded
+	HitsAddend  uint32   `json:"hits_addend"` // 0: Envoy's default, 1
+	Keys        int      `json:"keys"`
+	Dist        string   `json:"dist"`             // uniform or zipf
+	ZipfS       float64  `json:"zipf_s,omitempty"` // with zipf
+	Seed        uint64   `json:"seed"`
+}
+
+// load is the benchLoad of cfg.
+func (cfg *benchConfig) load() benchLoad {
+	l := benchLoad{Domain: cfg.Template.domain, Descriptors: cfg.Template.descriptors(), HitsAddend: cfg.Template.hits,
+		Keys: cfg.Keys, Dist: cfg.Dist, Seed: cfg.Seed}
+	if cfg.Dist == "zipf" {
+		l.ZipfS = cfg.ZipfS
+	}
+	return l
+}
+
 // benchResult is a measured run.
 type benchResult struct {
 	Label       string
+	Load        benchLoad
 	Targets     []string
 	Concurrency int
 	Connections int
@@ -280,7 +302,7 @@ func (b *benchRun) runPhase(ctx context.Context, n int, d time.Duration, progres
 		}
 	}
 	r := &benchResult{
-		Label: cfg.Label, Targets: cfg.Targets, Concurrency: cfg.Concurrency, Connections: len(b.conns),
+		Label: cfg.Label, Load: cfg.load(), Targets: cfg.Targets, Concurrency: cfg.Concurrency, Connections: len(b.conns),
 		Deadline: cfg.Deadline, Total: total, Interrupted: ctx.Err() != nil, hist: all.hist,
 		OK: all.ok, OverLimit: all.over, Unknown: all.unknown, Errors: all.errs, DeadlineExceeded: all.deadlineExc,
 		PerTarget: all.perTarget,

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"time"
 
 	sockaddr "github.com/hashicorp/go-sockaddr"
@@ -67,6 +68,11 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		Tracer:      tracer,
 	})
 	if err != nil {
+		// memberlist reports a gossip port it cannot bind only in its
+		// message ("failed to start TCP listener ...: listen tcp ...").
+		if strings.Contains(err.Error(), "listen") {
+			return nil, c.flagError("gossip-addr", err)
+		}
 		return nil, fmt.Errorf("serve: cluster: %w", err)
 	}
 	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas)
@@ -107,7 +113,6 @@ func advertisedGRPC(c *serveConfig, bound string) (string, error) {
 }
 
 func (n *clusterNode) register(g *grpc.Server)    { n.node.Register(g) }
-func (n *clusterNode) ready() bool                { return n.node.Ready() }
 func (n *clusterNode) debugHandler() http.Handler { return n.node.DebugHandler() }
 
 // drain hands this node's counters to their next owners and replicas,

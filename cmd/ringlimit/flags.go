@@ -100,6 +100,18 @@ type serveConfig struct {
 	XDSMaxMessageBytes int
 
 	DryRun bool
+
+	// parsed is how the settings were given, for writeSettings and
+	// flagError (a pointer: serveConfig stays comparable).
+	parsed *parsedFlags
+}
+
+// parsedFlags is the parsed flag set and where each flag not left at its
+// default was set: "--name", its RINGLIMIT_ variable, or the reference's
+// variables.
+type parsedFlags struct {
+	flags  *flag.FlagSet
+	origin map[string]string
 }
 
 // legacyEnv names the envoyproxy/ratelimit variables that set a flag's
@@ -285,7 +297,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 // variables and flags, and validates the result.
 func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveConfig, []string, error) {
 	getenv := env.get
-	c := &serveConfig{}
+	c := &serveConfig{parsed: &parsedFlags{origin: map[string]string{}}}
 	fs, legacy := newServeFlags(c, stderr)
 	var notes []string
 	var errs []error
@@ -293,6 +305,7 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 		if err := fs.Set(name, value); err != nil {
 			errs = append(errs, fmt.Errorf("serve: %s=%q: %v", source, value, err))
 		}
+		c.parsed.origin[name] = source
 	}
 	fs.VisitAll(func(f *flag.Flag) {
 		if l, ok := legacy[f.Name]; ok {
@@ -310,6 +323,13 @@ func parseServeFlags(args []string, env environment, stderr io.Writer) (*serveCo
 	}
 	if err := fs.Parse(args); err != nil {
 		return nil, nil, err
+	}
+	c.parsed.flags = fs
+	// fs counts the variables' values as set too: a second parse of args
+	// alone tells which flags the command line gave.
+	cmdline, _ := newServeFlags(&serveConfig{}, io.Discard)
+	if cmdline.Parse(args) == nil {
+		cmdline.Visit(func(f *flag.Flag) { c.parsed.origin[f.Name] = "--" + f.Name })
 	}
 	if fs.NArg() > 0 {
 		return nil, nil, fmt.Errorf("serve: unexpected argument %q", fs.Arg(0))
@@ -387,6 +407,63 @@ func (c *serveConfig) validate() error {
 		errs = append(errs, fmt.Errorf("serve: --cluster-name: %d bytes, at most %d", len(c.ClusterName), membership.MaxLabelLen))
 	}
 	return errors.Join(errs...)
+}
+
+// writeSettings prints the effective settings, one "name=value" line per
+// flag in name order, as flags, RINGLIMIT_* and the reference's variables
+// resolved them (--dry-run). The value of a flag that holds a secret itself
+// (see secretFlag) is printed as <redacted>; file paths are printed.
+func (c *serveConfig) writeSettings(w io.Writer) {
+	c.parsed.flags.VisitAll(func(f *flag.Flag) {
+		v := f.Value.String()
+		if v != "" && secretFlag(f.Name) {
+			v = "<redacted>"
+		}
+		fmt.Fprintf(w, "%s=%s\n", f.Name, v)
+	})
+}
+
+// secretFlag reports whether a flag's value is a secret: a name with
+// secret, password, token or credential in it, or ending in -key or -keys
+// (but the --*-tls-key flags name PEM files, and --max-keys is a count:
+// those are printed).
+func secretFlag(name string) bool {
+	for _, w := range []string{"secret", "password", "token", "credential"} {
+		if strings.Contains(name, w) {
+			return true
+		}
+	}
+	keyed := strings.HasSuffix(name, "-key") || strings.HasSuffix(name, "-keys")
+	return keyed && !strings.HasSuffix(name, "-tls-key") && !strings.HasPrefix(name, "max-")
+}
+
+// flagError is a start-up error about the value of a flag: it names the
+// flag, its value, where the value came from and the flag's default, so
+// that a user who set nothing learns what to set.
+//
+//	serve: --grpc-addr :8081 (the default; set --grpc-addr or RINGLIMIT_GRPC_ADDR): listen tcp :8081: bind: address already in use
+//	serve: --config /etc/rl (from RINGLIMIT_CONFIG; default /srv/runtime_data/current/config): no such file or directory
+func (c *serveConfig) flagError(name string, err error) error {
+	var f *flag.Flag
+	if c.parsed != nil {
+		f = c.parsed.flags.Lookup(name)
+	}
+	if f == nil { // not parsed from flags (a test), or no such flag
+		return fmt.Errorf("serve: --%s: %w", name, err)
+	}
+	src := fmt.Sprintf("the default; set --%s or %s", name, envName(name))
+	if o, ok := c.parsed.origin[name]; ok {
+		src = fmt.Sprintf("from %s; default %s", o, orNone(f.DefValue))
+	}
+	return fmt.Errorf("serve: --%s %s (%s): %w", name, orNone(f.Value.String()), src, err)
+}
+
+// orNone prints an empty value as "".
+func orNone(v string) string {
+	if v == "" {
+		return `""`
+	}
+	return v
 }
 
 // countSet counts the non-empty strings.

@@ -6,10 +6,12 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +45,14 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 	}
 	var cfg *rls.Config // nil with xDS: it comes from the server
 	if !c.xds() {
+		if _, err := os.Stat(c.Config); err != nil {
+			var pe *fs.PathError
+			if errors.As(err, &pe) {
+				err = pe.Err // the path is in the message already
+			}
+			fmt.Fprintln(stderr, c.flagError("config", err))
+			return 1
+		}
 		cfg, err = rls.Load(c.Config, rls.LoadOptions{MergeDomains: c.MergeDomains})
 		if err != nil {
 			for _, e := range flattenErrors(err) {
@@ -53,11 +63,11 @@ func serveCmd(ctx context.Context, args []string, env environment, stdout, stder
 		warnConfig(log, c.Config, cfg)
 	}
 	if c.DryRun {
-		fmt.Fprintf(stdout, "%+v\n", *c)
+		c.writeSettings(stdout)
 		if cfg == nil {
-			fmt.Fprintf(stdout, "config: from the xds server %s as node %q\n", c.XDSServer, c.XDSNodeID)
+			fmt.Fprintf(stdout, "# config: from the xds server %s as node %q\n", c.XDSServer, c.XDSNodeID)
 		} else {
-			fmt.Fprintf(stdout, "config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
+			fmt.Fprintf(stdout, "# config: %d domain(s), %d rule(s)\n", len(cfg.Domains()), len(cfg.Rules()))
 		}
 		return 0
 	}
@@ -145,18 +155,18 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 	grpcLis, err := net.Listen("tcp", c.GRPCAddr)
 	if err != nil {
-		return fmt.Errorf("serve: --grpc-addr: %w", err)
+		return c.flagError("grpc-addr", err)
 	}
 	httpLis, err := net.Listen("tcp", c.HTTPAddr)
 	if err != nil {
 		grpcLis.Close()
-		return fmt.Errorf("serve: --http-addr: %w", err)
+		return c.flagError("http-addr", err)
 	}
 	debugLis, err := net.Listen("tcp", c.DebugAddr)
 	if err != nil {
 		grpcLis.Close()
 		httpLis.Close()
-		return fmt.Errorf("serve: --debug-addr: %w", err)
+		return c.flagError("debug-addr", err)
 	}
 
 	var node *clusterNode
@@ -235,19 +245,29 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 	}
 
 	var stopping atomic.Bool
-	hc := newHealthState(hs, func() bool {
-		if stopping.Load() || (node != nil && !node.ready()) {
-			return false
+	// notReady says why the node is not ready ("" when it is), in plain
+	// words for /healthcheck's body.
+	hc := newHealthState(hs, func() string {
+		switch {
+		case stopping.Load():
+			return "shutting down: draining before exit"
+		case node != nil && !node.node.Ready():
+			return node.node.NotReadyReason()
 		}
 		cfg := svc.Config() // nil with xDS before the first version
 		if cfg == nil {
-			return c.ForceStart
+			if c.ForceStart {
+				return ""
+			}
+			return "no config loaded: waiting for the first config from the xDS server " + c.XDSServer
 		}
 		// With --healthy-with-config, a config without a domain is not
 		// ready, as in the reference.
-		return !c.HealthyWithConfig || len(cfg.Domains()) > 0
+		if c.HealthyWithConfig && len(cfg.Domains()) == 0 {
+			return "no config loaded: the config has no domain (--healthy-with-config)"
+		}
+		return ""
 	})
-	ready := hc.Ready
 	debugMux := http.NewServeMux()
 	debugMux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{Registry: reg}))
 	debugMux.Handle("/rlconfig", svc.ConfigHandler())
@@ -260,7 +280,7 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		debugMux.Handle("/debug/cluster", node.debugHandler())
 	}
 	// ReadTimeout bounds a slow /json body (at most a few MiB) as well.
-	httpSrv := &http.Server{Handler: svc.HTTPHandler(ready), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
+	httpSrv := &http.Server{Handler: svc.HTTPHandler(hc.NotReady), ReadHeaderTimeout: 10 * time.Second, ReadTimeout: 30 * time.Second}
 	debugSrv := &http.Server{Handler: debugMux, ReadHeaderTimeout: 10 * time.Second}
 
 	var wg sync.WaitGroup

@@ -121,7 +121,7 @@ wait_until() {
 
 ring_size() { http_get "$1" /debug/cluster | tr -d ' \n\r' | grep -o '"ring":\[[^]]*\]' | grep -o '"[^"]*"' | grep -vc '"ring"'; }
 ring_is() { [ "$(ring_size "$1")" = "$2" ]; }
-healthy() { http_get "$1" /healthcheck | grep -q .; }
+healthy() { http_get "$1" /healthcheck | grep -qx OK; }
 
 # --- servers -----------------------------------------------------------------
 noop_grpc=127.0.0.1:$(free_port)
