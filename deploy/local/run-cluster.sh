@@ -81,7 +81,8 @@ trap 'stop 0' INT TERM
 trap 'stop $?' EXIT
 
 # As the job started at the top: stop when the script that started it has
-# ended (make passed it a SIGTERM, say), polling once a second.
+# ended (make passed it a SIGTERM, say), polling once a second. The watcher
+# holds no output open, so a `| tee` never waits for it.
 if [ -n "${RUN_CLUSTER_JOB:-}" ]; then
 	parent=$PPID
 	(
@@ -92,7 +93,7 @@ if [ -n "${RUN_CLUSTER_JOB:-}" ]; then
 			wait "$s"
 		done
 		kill -TERM $$
-	) &
+	) </dev/null >/dev/null 2>&1 &
 	watcher=$!
 fi
 
