@@ -235,6 +235,46 @@ func TestAlertsSeeCountsMadeBeforeTheFirstScrape(t *testing.T) {
 	}
 }
 
+// Every pod restarted in a rolling update rebuilds each other node's ring
+// twice (it leaves, then joins again), so a fixed threshold on ring
+// rebuilds fires on every rollout of a large enough cluster: the
+// threshold of RinglimitRingFlapping grows with the number of nodes.
+func TestRingFlappingThresholdScalesWithTheCluster(t *testing.T) {
+	g := loadRules(t)
+	for _, grp := range g.Groups {
+		for _, r := range grp.Rules {
+			if r.Alert != "RinglimitRingFlapping" {
+				continue
+			}
+			e, err := parseExpr(r.Expr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, ok := e.(*parser.BinaryExpr)
+			if !ok || b.Op != parser.GTR {
+				t.Fatalf("%s: %s is not a > comparison", rulesFile, r.Expr)
+			}
+			counts := false
+			parser.Inspect(b.RHS, func(n parser.Node, _ []parser.Node) error {
+				if a, ok := n.(*parser.AggregateExpr); ok && a.Op == parser.COUNT {
+					parser.Inspect(a.Expr, func(n parser.Node, _ []parser.Node) error {
+						if vs, ok := n.(*parser.VectorSelector); ok && vs.Name == "ringlimit_node_ready" {
+							counts = true
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+			if !counts {
+				t.Errorf("%s: RinglimitRingFlapping's threshold (%s) does not count the cluster's nodes", rulesFile, b.RHS)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s: no alert RinglimitRingFlapping", rulesFile)
+}
+
 // alertNamed is the alert whose anchor is a, or "".
 func alertNamed(a string, alerts map[string]bool) string {
 	for name := range alerts {
