@@ -34,7 +34,7 @@ run:
 	@echo "make run: building $(BIN) (the first build downloads modules and compiles everything: about 2 minutes; later ones take seconds)..."
 	@$(MAKE) --no-print-directory build
 	@echo "make run: built; starting the cluster (Ctrl-C stops it)"
-	@RUN_PORT_BASE=$(RUN_PORT_BASE) ./deploy/local/run-cluster.sh $(BIN) $(RUN_NODES)
+	@RUN_PORT_BASE=$(RUN_PORT_BASE) exec ./deploy/local/run-cluster.sh $(BIN) $(RUN_NODES)
 
 # vet + gofmt + race-enabled tests of every package (incl. the short chaos
 # suite and the short simulation, three small seeds of make sim), the allocation tests (without -race, which changes allocation

@@ -190,6 +190,91 @@ func TestAlertRules(t *testing.T) {
 	}
 }
 
+// A node counts its start-up sync before Prometheus first scrapes it, as a
+// rule (its pod is found and scraped seconds after it starts, and the sync
+// is over 1.5 s after it joined). The series then appears at 1, and
+// increase() over a window that begins with that first sample is 0: an
+// alert on a counter that moves at start must also catch a series that is
+// new and already above zero (x > 0 unless x offset <window>).
+func TestAlertsSeeCountsMadeBeforeTheFirstScrape(t *testing.T) {
+	atStart := map[string]string{"RinglimitPartialSync": "ringlimit_syncs_total"}
+	g := loadRules(t)
+	for _, grp := range g.Groups {
+		for _, r := range grp.Rules {
+			metric, ok := atStart[r.Alert]
+			if !ok {
+				continue
+			}
+			delete(atStart, r.Alert)
+			e, err := parseExpr(r.Expr)
+			if err != nil {
+				t.Fatalf("%s: %v", r.Alert, err)
+			}
+			found := false
+			parser.Inspect(e, func(n parser.Node, _ []parser.Node) error {
+				b, ok := n.(*parser.BinaryExpr)
+				if !ok || b.Op != parser.LUNLESS {
+					return nil
+				}
+				parser.Inspect(b.RHS, func(n parser.Node, _ []parser.Node) error {
+					if vs, ok := n.(*parser.VectorSelector); ok && vs.Name == metric && vs.OriginalOffset > 0 {
+						found = true
+					}
+					return nil
+				})
+				return nil
+			})
+			if !found {
+				t.Errorf("%s: %s misses a %s series first scraped above zero (a count made at start): add `or (%s... > 0 unless %s... offset <window>)`",
+					rulesFile, r.Alert, metric, metric, metric)
+			}
+		}
+	}
+	for a := range atStart {
+		t.Errorf("%s: no alert %s", rulesFile, a)
+	}
+}
+
+// Every pod restarted in a rolling update rebuilds each other node's ring
+// twice (it leaves, then joins again), so a fixed threshold on ring
+// rebuilds fires on every rollout of a large enough cluster: the
+// threshold of RinglimitRingFlapping grows with the number of nodes.
+func TestRingFlappingThresholdScalesWithTheCluster(t *testing.T) {
+	g := loadRules(t)
+	for _, grp := range g.Groups {
+		for _, r := range grp.Rules {
+			if r.Alert != "RinglimitRingFlapping" {
+				continue
+			}
+			e, err := parseExpr(r.Expr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b, ok := e.(*parser.BinaryExpr)
+			if !ok || b.Op != parser.GTR {
+				t.Fatalf("%s: %s is not a > comparison", rulesFile, r.Expr)
+			}
+			counts := false
+			parser.Inspect(b.RHS, func(n parser.Node, _ []parser.Node) error {
+				if a, ok := n.(*parser.AggregateExpr); ok && a.Op == parser.COUNT {
+					parser.Inspect(a.Expr, func(n parser.Node, _ []parser.Node) error {
+						if vs, ok := n.(*parser.VectorSelector); ok && vs.Name == "ringlimit_node_ready" {
+							counts = true
+						}
+						return nil
+					})
+				}
+				return nil
+			})
+			if !counts {
+				t.Errorf("%s: RinglimitRingFlapping's threshold (%s) does not count the cluster's nodes", rulesFile, b.RHS)
+			}
+			return
+		}
+	}
+	t.Fatalf("%s: no alert RinglimitRingFlapping", rulesFile)
+}
+
 // alertNamed is the alert whose anchor is a, or "".
 func alertNamed(a string, alerts map[string]bool) string {
 	for name := range alerts {

@@ -107,9 +107,12 @@ func (m *Membership) SetKeys(keys [][]byte) error {
 	// slice. So removals take only the last key, which shifts nothing:
 	// when a key to remove is not behind every key to keep, the kept keys
 	// are brought to the front first (UseKey moves a key to the front and
-	// builds a new slice), the primary last. Keys in want are ones the
-	// operator gave for this cluster, so the brief change of primary while
-	// they move does not send with a key peers lack.
+	// builds a new slice), the primary last. While they move, for the
+	// few microseconds of those calls, what this node sends is encrypted
+	// with whichever of them is in front, which a peer that lacks it drops
+	// as undecryptable: a key to remove that is followed by a key to keep
+	// only arises outside the three rotation steps (which remove only the
+	// last key), and gossip resends what is lost.
 	cur := kr.GetKeys()
 	if tail := slices.IndexFunc(cur, func(k []byte) bool { return !held(k) }); tail >= 0 &&
 		slices.ContainsFunc(cur[tail:], held) {

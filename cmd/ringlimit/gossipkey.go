@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -72,12 +73,15 @@ type gossipKeyWatcher struct {
 	log    *slog.Logger
 	w      *rls.Watcher
 	errors atomic.Uint64
+	mu     sync.Mutex // serialises reloads (SetKeys calls may not overlap)
 
 	keysDesc, errorsDesc *prometheus.Desc
 }
 
 // watchGossipKeys starts watching path for m, whose keys were read from it
-// at start, and registers the keyring's metrics on reg (nil: none).
+// at start, and registers the keyring's metrics on reg (nil: none). Once
+// the watch is on it reads the file again, for a change made since the
+// keys were read raised no event it sees.
 func watchGossipKeys(path string, m *membership.Membership, reg prometheus.Registerer, log *slog.Logger) (*gossipKeyWatcher, error) {
 	g := &gossipKeyWatcher{
 		path: path, m: m, log: log,
@@ -98,12 +102,15 @@ func watchGossipKeys(path string, m *membership.Membership, reg prometheus.Regis
 			return nil, fmt.Errorf("serve: gossip key metrics: %w", err)
 		}
 	}
+	g.reload()
 	return g, nil
 }
 
 // reload reads the file again and applies it when its keys differ from
 // those in use.
 func (g *gossipKeyWatcher) reload() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
 	keys, err := readGossipKeys(g.path)
 	if err == nil {
 		fps := fingerprints(keys)

@@ -171,3 +171,38 @@ ringlimit_gossip_key_reload_errors_total 1
 		t.Errorf("ringlimit_gossip_keys series %v, want %v", series, want)
 	}
 }
+
+// A change of the file between the read at start and the start of the
+// watch raises no event the watcher sees: starting the watch reads the
+// file again.
+func TestGossipKeyFileChangedBeforeWatch(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "gossip.key")
+	if err := os.WriteFile(path, []byte(testKey(1, 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c, _, err := parseServeFlags([]string{"--gossip-addr", "127.0.0.1:0", "--advertise-addr", "127.0.0.1", "--node-name", "n1",
+		"--join", "127.0.0.1:1", "--gossip-key-file", path}, nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
+	n, err := startCluster(c, "127.0.0.1:0", bucket.NewStore(bucket.StoreConfig{}), nil, log, nil, nil, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer n.close()
+	m := n.node.Membership()
+	// The start-up read has happened; the watch has not (closed here).
+	n.keys.close()
+	if err := os.WriteFile(path, []byte(testKey(2, 16)+"\n"+testKey(1, 32)+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if n.keys, err = watchGossipKeys(path, m, nil, log); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := m.KeyFingerprints(), []string{fp(2, 16), fp(1, 32)}; !slices.Equal(got, want) {
+		t.Fatalf("keys %v once the watch started, want the file's %v; log:\n%s", got, want, logs.String())
+	}
+}

@@ -16,7 +16,9 @@ set -euo pipefail
 # job control (set -m): that job gets a process group of its own and the
 # terminal, Ctrl-C reaches only it, it stops the nodes and exits 0, and make
 # and tee see it end normally. Only when this process's group holds the
-# terminal (not when started in the background).
+# terminal (not when started in the background). This process only waits
+# for the job, and a SIGTERM or SIGHUP ends it at once; the job watches it
+# and stops the nodes when it is gone.
 if [ -t 0 ] && [ -z "${RUN_CLUSTER_JOB:-}" ] &&
 	read -r pgid tpgid < <(ps -o pgid=,tpgid= -p $$ 2>/dev/null) && [ "$pgid" = "$tpgid" ]; then
 	set -m
@@ -59,6 +61,7 @@ done
 # writes that fail are ignored (no SIGPIPE, no set -e), and the nodes are
 # waited for. Then the script exits 0, so make reports no error.
 pids=()
+watcher=""
 stopping=0
 stop() {
 	trap '' INT TERM PIPE
@@ -69,13 +72,30 @@ stop() {
 		echo
 		echo "stopping ${#pids[@]} node(s)..."
 	} 2>/dev/null
-	for pid in "${pids[@]}"; do kill -TERM "$pid" 2>/dev/null; done
-	for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null; done
+	for pid in "${pids[@]}" $watcher; do kill -TERM "$pid" 2>/dev/null; done
+	for pid in "${pids[@]}" $watcher; do wait "$pid" 2>/dev/null; done
 	echo "stopped; logs kept in $LOGDIR" 2>/dev/null
 	exit "${1:-0}"
 }
 trap 'stop 0' INT TERM
 trap 'stop $?' EXIT
+
+# As the job started at the top: stop when the script that started it has
+# ended (make passed it a SIGTERM, say), polling once a second. The watcher
+# holds no output open, so a `| tee` never waits for it.
+if [ -n "${RUN_CLUSTER_JOB:-}" ]; then
+	parent=$PPID
+	(
+		trap 'kill "$s" 2>/dev/null; exit 0' TERM
+		while kill -0 "$parent" 2>/dev/null; do
+			sleep 1 &
+			s=$!
+			wait "$s"
+		done
+		kill -TERM $$
+	) </dev/null >/dev/null 2>&1 &
+	watcher=$!
+fi
 
 echo "starting $N node(s) on 127.0.0.1 (ports from RUN_PORT_BASE=$BASE), logs in $LOGDIR"
 for i in $(seq 0 $((N - 1))); do
