@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -311,7 +312,12 @@ func (c *XDSClient) handle(resp *discovery.DiscoveryResponse, st *xdsState) (req
 	if err != nil {
 		msg := err.Error()
 		if len(msg) > xdsMaxErrorDetail {
-			msg = msg[:xdsMaxErrorDetail] + "..."
+			// On a character boundary: a proto string must be UTF-8.
+			cut := xdsMaxErrorDetail
+			for cut > 0 && !utf8.RuneStart(msg[cut]) {
+				cut--
+			}
+			msg = msg[:cut] + "..."
 		}
 		st.rejected, st.rejectedErr, st.hasRejected = sum, msg, true
 		c.m.nacks.Inc()

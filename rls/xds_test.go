@@ -3,6 +3,7 @@ package rls
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -354,4 +355,27 @@ func FuzzConfigFromXDS(f *testing.F) {
 			t.Fatalf("second conversion: %v, dump %q vs %q", err, again.Dump(), cfg.Dump())
 		}
 	})
+}
+
+// A NACK's error_detail is cut to xdsMaxErrorDetail bytes on a character
+// boundary: a proto string must be UTF-8, and a NACK that cannot be
+// marshalled never reaches the server (the stream fails instead, again for
+// every re-sent copy).
+func TestXDSNACKLongErrorIsUTF8(t *testing.T) {
+	for pad := range 2 {
+		c := &XDSClient{opt: XDSOptions{Reject: func(error) {}}, log: slog.New(slog.DiscardHandler), m: NewXDSMetrics(nil)}
+		// The resource's name is in every error about it; no domain is one.
+		name := strings.Repeat("x", pad) + strings.Repeat("é", xdsMaxErrorDetail)
+		resp := &discovery.DiscoveryResponse{VersionInfo: "1", TypeUrl: XDSTypeURL, Nonce: "n",
+			Resources: anys(t, &confpb.RateLimitConfig{Name: name})}
+		var st xdsState
+		req, _ := c.handle(resp, &st)
+		msg := req.GetErrorDetail().GetMessage()
+		if msg == "" || len(msg) > xdsMaxErrorDetail+len("...") {
+			t.Fatalf("pad %d: error_detail of %d bytes, want a message of at most %d", pad, len(msg), xdsMaxErrorDetail+len("..."))
+		}
+		if _, err := proto.Marshal(req); err != nil {
+			t.Fatalf("pad %d: the NACK does not marshal: %v", pad, err)
+		}
+	}
 }
