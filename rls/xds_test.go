@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -20,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/rls/xdstest"
@@ -377,5 +379,42 @@ func TestXDSNACKLongErrorIsUTF8(t *testing.T) {
 		if _, err := proto.Marshal(req); err != nil {
 			t.Fatalf("pad %d: the NACK does not marshal: %v", pad, err)
 		}
+	}
+}
+
+// A resource's quota_mode and metadata reach the rule as a file's do, as the
+// reference reads them from xDS.
+func TestConfigFromXDSQuotaModeAndMetadata(t *testing.T) {
+	md, err := structpb.NewStruct(map[string]any{
+		"team": "a", "n": 3, "f": 0.5, "on": true, "none": nil, "big": 1e21, "tiny": -1e-7, "inf": math.Inf(1),
+		"nested": map[string]any{"x": "y", "list": []any{1, "two", false}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := rlc("r", "d", "k", "v", 10)
+	res.Descriptors[0].QuotaMode = true
+	res.Descriptors[0].Metadata = md
+	got, err := ConfigFromXDS("1", anys(t, res), LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Parse("f.yaml", []byte(`domain: d
+descriptors:
+  - key: k
+    value: v
+    quota_mode: true
+    metadata: {team: a, n: 3, f: 0.5, "on": true, none: null, nested: {x: "y", list: [1, two, false]}}
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, w := got.Rules()[0], want.Rules()[0]
+	for _, k := range []string{"big", "tiny", "inf"} { // numbers a file writes otherwise
+		w.Metadata.Fields[k] = md.Fields[k]
+	}
+	if !g.QuotaMode || !proto.Equal(g.Metadata, w.Metadata) || !proto.Equal(g.Metadata, md) {
+		t.Fatalf("quota_mode %v, metadata %v; want true and %v (the file's: %v)", g.QuotaMode, g.Metadata, md, w.Metadata)
 	}
 }
