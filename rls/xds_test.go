@@ -332,6 +332,9 @@ func FuzzConfigFromXDS(f *testing.F) {
 		{Name: "n", Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "a", Value: "x*", Descriptors: []*confpb.RateLimitDescriptor{
 			{Key: "b", RateLimit: &confpb.RateLimitPolicy{Unit: 7, RequestsPerUnit: 2, Name: "b", Replaces: []*confpb.RateLimitReplace{{Name: "c"}}}}}}}},
 		{Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "u", RateLimit: &confpb.RateLimitPolicy{Unlimited: true}}}},
+		{Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "q", QuotaMode: true, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			"s": structpb.NewStringValue("x"), "l": structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewNumberValue(1), structpb.NewNullValue()}}),
+		}}, RateLimit: &confpb.RateLimitPolicy{Unit: 1, RequestsPerUnit: 1}}}},
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
