@@ -83,10 +83,12 @@ type XDSOptions struct {
 	DialOptions []grpc.DialOption
 	// ConnectRetryInterval is the wait between attempts to reach a server
 	// that is not answering, and before a new stream after one that ended
-	// without delivering a response (default 3 s).
+	// without delivering a response, until the first response of all
+	// (default 3 s).
 	ConnectRetryInterval time.Duration
-	// Backoff is the wait before a new stream after one that delivered a
-	// response ended.
+	// Backoff is the wait before a new stream once a response has arrived
+	// on any stream: after one that delivered a response ended, and after
+	// each attempt that follows it without one.
 	Backoff XDSBackoff
 	// MaxMsgSize is the largest response accepted, in bytes (0: gRPC's
 	// default, 4 MiB).
