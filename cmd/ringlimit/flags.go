@@ -416,11 +416,30 @@ func (c *serveConfig) validate() error {
 func (c *serveConfig) writeSettings(w io.Writer) {
 	c.parsed.flags.VisitAll(func(f *flag.Flag) {
 		v := f.Value.String()
-		if v != "" && secretFlag(f.Name) {
+		switch {
+		case v == "":
+		case secretFlag(f.Name):
 			v = "<redacted>"
+		case f.Name == "xds-headers":
+			v = redactPairValues(v, ":") // often authorization:Bearer ...
 		}
 		fmt.Fprintf(w, "%s=%s\n", f.Name, v)
 	})
+}
+
+// redactPairValues is "k1<sep>v1,k2<sep>v2" with every value replaced by
+// <redacted>; an item without sep is redacted whole.
+func redactPairValues(s, sep string) string {
+	items := strings.Split(s, ",")
+	for i, item := range items {
+		item = strings.TrimSpace(item)
+		if k, _, ok := strings.Cut(item, sep); ok {
+			items[i] = k + sep + "<redacted>"
+		} else if item != "" {
+			items[i] = "<redacted>"
+		}
+	}
+	return strings.Join(items, ",")
 }
 
 // secretFlag reports whether a flag's value is a secret: a name with
