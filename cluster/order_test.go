@@ -82,3 +82,56 @@ func TestNodePeekAndCheckAtOwner(t *testing.T) {
 		}
 	})
 }
+
+// The rounds that keep same-key ops in call order share the call's one wait:
+// a call whose owner does not answer returns when that wait ends (before the
+// caller's deadline, with the margin kept for the answer's way back, or
+// after the forwarder's Timeout without a deadline), however many times it
+// names the key, rather than waiting again for each next round.
+func TestNodeSameKeyRoundsShareTheWait(t *testing.T) {
+	t.Parallel()
+	synctest.Test(t, func(t *testing.T) {
+		sim := newSimCluster(t)
+		nodes := sim.cluster([]string{"a", "b", "c"}, nil)
+		entry := nodes[0]
+		key := ""
+		var owner *nodeTestNode
+		for i := 0; owner == nil; i++ {
+			key = fmt.Sprintf("rounds-%d", i)
+			for _, n := range nodes[1:] {
+				if n.id == nodeSuccessors(entry, key, 1)[0] {
+					owner = n
+				}
+			}
+		}
+		sim.freeze(owner)
+		defer sim.thaw(owner)
+
+		const deadline = 100 * time.Millisecond
+		for _, c := range []struct {
+			name string
+			ctx  func() (context.Context, context.CancelFunc)
+			max  time.Duration
+		}{
+			// The wait ends 3 ms (the forwarder's margin) before the deadline.
+			{"deadline", func() (context.Context, context.CancelFunc) {
+				return context.WithTimeout(context.Background(), deadline)
+			}, deadline - 3*time.Millisecond},
+			{"no deadline", func() (context.Context, context.CancelFunc) {
+				return context.WithCancel(context.Background())
+			}, LAN().ForwardTimeout},
+		} {
+			ops := []bucket.Op{nodeDayOp(key), nodeDayOp(key), nodeDayOp(key)}
+			res := make([]bucket.Result, len(ops))
+			ctx, cancel := c.ctx()
+			start := time.Now()
+			entry.node.Apply(ctx, start.UnixNano(), ops, res)
+			took := time.Since(start)
+			cancel()
+			if took > c.max {
+				t.Errorf("%s: Apply of %d ops on one key, its owner %s frozen, took %v, want at most %v",
+					c.name, len(ops), owner.id, took, c.max)
+			}
+		}
+	})
+}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
@@ -82,10 +83,12 @@ type XDSOptions struct {
 	DialOptions []grpc.DialOption
 	// ConnectRetryInterval is the wait between attempts to reach a server
 	// that is not answering, and before a new stream after one that ended
-	// without delivering a response (default 3 s).
+	// without delivering a response, until the first response of all
+	// (default 3 s).
 	ConnectRetryInterval time.Duration
-	// Backoff is the wait before a new stream after one that delivered a
-	// response ended.
+	// Backoff is the wait before a new stream once a response has arrived
+	// on any stream: after one that delivered a response ended, and after
+	// each attempt that follows it without one.
 	Backoff XDSBackoff
 	// MaxMsgSize is the largest response accepted, in bytes (0: gRPC's
 	// default, 4 MiB).
@@ -311,7 +314,12 @@ func (c *XDSClient) handle(resp *discovery.DiscoveryResponse, st *xdsState) (req
 	if err != nil {
 		msg := err.Error()
 		if len(msg) > xdsMaxErrorDetail {
-			msg = msg[:xdsMaxErrorDetail] + "..."
+			// On a character boundary: a proto string must be UTF-8.
+			cut := xdsMaxErrorDetail
+			for cut > 0 && !utf8.RuneStart(msg[cut]) {
+				cut--
+			}
+			msg = msg[:cut] + "..."
 		}
 		st.rejected, st.rejectedErr, st.hasRejected = sum, msg, true
 		c.m.nacks.Inc()

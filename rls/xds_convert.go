@@ -3,6 +3,7 @@ package rls
 import (
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -11,6 +12,7 @@ import (
 	confpb "github.com/envoyproxy/go-control-plane/ratelimit/config/ratelimit/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 	"gopkg.in/yaml.v3"
 )
 
@@ -23,9 +25,9 @@ const XDSTypeURL = "type.googleapis.com/ratelimit.config.ratelimit.v3.RateLimitC
 // checked as a config file would be, by the same parser and with the same
 // errors, named `xds RateLimitConfig "<name>"` in place of a file; the
 // resources are taken in name order. opt.MergeDomains lets two resources
-// share a domain; opt.IgnoreDotfiles means nothing here. Fields of the
-// resource this build does not know (quota_mode, metadata) are ignored, as
-// in files. No resource at all is a valid, empty Config.
+// share a domain; opt.IgnoreDotfiles means nothing here. A descriptor's
+// quota_mode and metadata are read as a file's are. No resource at all is a
+// valid, empty Config.
 func ConfigFromXDS(version string, resources []*anypb.Any, opt LoadOptions) (*Config, error) {
 	type named struct {
 		name string
@@ -105,6 +107,12 @@ func xdsDescriptors(ds []*confpb.RateLimitDescriptor, n *int) *yaml.Node {
 		if d.GetDetailedMetric() {
 			xdsPut(m, n, "detailed_metric", xdsScalar(n, "!!bool", "true"))
 		}
+		if d.GetQuotaMode() {
+			xdsPut(m, n, "quota_mode", xdsScalar(n, "!!bool", "true"))
+		}
+		if md := d.GetMetadata(); md != nil {
+			xdsPut(m, n, "metadata", xdsStruct(md, n))
+		}
 		if c := d.GetDescriptors(); len(c) > 0 {
 			xdsPut(m, n, "descriptors", xdsDescriptors(c, n))
 		}
@@ -141,6 +149,50 @@ func xdsRate(r *confpb.RateLimitPolicy, n *int) *yaml.Node {
 		xdsPut(m, n, "replaces", list)
 	}
 	return m
+}
+
+// xdsStruct is a descriptor's metadata as the YAML a file would hold.
+func xdsStruct(s *structpb.Struct, n *int) *yaml.Node {
+	m := xdsMap(n)
+	keys := make([]string, 0, len(s.GetFields()))
+	for k := range s.GetFields() {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys) // deterministic, as a file is
+	for _, k := range keys {
+		xdsPut(m, n, k, xdsValue(s.GetFields()[k], n))
+	}
+	return m
+}
+
+func xdsValue(v *structpb.Value, n *int) *yaml.Node {
+	switch k := v.GetKind().(type) {
+	case *structpb.Value_StructValue:
+		return xdsStruct(k.StructValue, n)
+	case *structpb.Value_ListValue:
+		list := &yaml.Node{Kind: yaml.SequenceNode, Tag: "!!seq"}
+		*n++
+		for _, e := range k.ListValue.GetValues() {
+			list.Content = append(list.Content, xdsValue(e, n))
+		}
+		return list
+	case *structpb.Value_BoolValue:
+		return xdsScalar(n, "!!bool", strconv.FormatBool(k.BoolValue))
+	case *structpb.Value_NumberValue:
+		f := k.NumberValue
+		switch {
+		case math.IsNaN(f):
+			return xdsScalar(n, "!!float", ".nan")
+		case math.IsInf(f, 1):
+			return xdsScalar(n, "!!float", ".inf")
+		case math.IsInf(f, -1):
+			return xdsScalar(n, "!!float", "-.inf")
+		}
+		return xdsScalar(n, "!!float", strconv.FormatFloat(f, 'g', -1, 64))
+	case *structpb.Value_StringValue:
+		return xdsStr(n, k.StringValue)
+	}
+	return xdsScalar(n, "!!null", "null") // null, or no kind set
 }
 
 func xdsMap(n *int) *yaml.Node {

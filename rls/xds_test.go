@@ -3,6 +3,8 @@ package rls
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -19,6 +21,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/ringlimit/ringlimit/bucket"
 	"github.com/ringlimit/ringlimit/rls/xdstest"
@@ -329,6 +332,9 @@ func FuzzConfigFromXDS(f *testing.F) {
 		{Name: "n", Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "a", Value: "x*", Descriptors: []*confpb.RateLimitDescriptor{
 			{Key: "b", RateLimit: &confpb.RateLimitPolicy{Unit: 7, RequestsPerUnit: 2, Name: "b", Replaces: []*confpb.RateLimitReplace{{Name: "c"}}}}}}}},
 		{Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "u", RateLimit: &confpb.RateLimitPolicy{Unlimited: true}}}},
+		{Domain: "d", Descriptors: []*confpb.RateLimitDescriptor{{Key: "q", QuotaMode: true, Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{
+			"s": structpb.NewStringValue("x"), "l": structpb.NewListValue(&structpb.ListValue{Values: []*structpb.Value{structpb.NewNumberValue(1), structpb.NewNullValue()}}),
+		}}, RateLimit: &confpb.RateLimitPolicy{Unit: 1, RequestsPerUnit: 1}}}},
 	} {
 		b, err := proto.Marshal(m)
 		if err != nil {
@@ -354,4 +360,61 @@ func FuzzConfigFromXDS(f *testing.F) {
 			t.Fatalf("second conversion: %v, dump %q vs %q", err, again.Dump(), cfg.Dump())
 		}
 	})
+}
+
+// A NACK's error_detail is cut to xdsMaxErrorDetail bytes on a character
+// boundary: a proto string must be UTF-8, and a NACK that cannot be
+// marshalled never reaches the server (the stream fails instead, again for
+// every re-sent copy).
+func TestXDSNACKLongErrorIsUTF8(t *testing.T) {
+	for pad := range 2 {
+		c := &XDSClient{opt: XDSOptions{Reject: func(error) {}}, log: slog.New(slog.DiscardHandler), m: NewXDSMetrics(nil)}
+		// The resource's name is in every error about it; no domain is one.
+		name := strings.Repeat("x", pad) + strings.Repeat("é", xdsMaxErrorDetail)
+		resp := &discovery.DiscoveryResponse{VersionInfo: "1", TypeUrl: XDSTypeURL, Nonce: "n",
+			Resources: anys(t, &confpb.RateLimitConfig{Name: name})}
+		var st xdsState
+		req, _ := c.handle(resp, &st)
+		msg := req.GetErrorDetail().GetMessage()
+		if msg == "" || len(msg) > xdsMaxErrorDetail+len("...") {
+			t.Fatalf("pad %d: error_detail of %d bytes, want a message of at most %d", pad, len(msg), xdsMaxErrorDetail+len("..."))
+		}
+		if _, err := proto.Marshal(req); err != nil {
+			t.Fatalf("pad %d: the NACK does not marshal: %v", pad, err)
+		}
+	}
+}
+
+// A resource's quota_mode and metadata reach the rule as a file's do, as the
+// reference reads them from xDS.
+func TestConfigFromXDSQuotaModeAndMetadata(t *testing.T) {
+	md, err := structpb.NewStruct(map[string]any{
+		"team": "a", "n": 3, "f": 0.5, "on": true, "none": nil, "big": 1e21, "tiny": -1e-7, "inf": math.Inf(1),
+		"nested": map[string]any{"x": "y", "list": []any{1, "two", false}},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := rlc("r", "d", "k", "v", 10)
+	res.Descriptors[0].QuotaMode = true
+	res.Descriptors[0].Metadata = md
+	got, err := ConfigFromXDS("1", anys(t, res), LoadOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, err := Parse("f.yaml", []byte(`domain: d
+descriptors:
+  - key: k
+    value: v
+    quota_mode: true
+    metadata: {team: a, n: 3, f: 0.5, "on": true, none: null, big: 1e21, tiny: -1e-7, inf: .inf, nested: {x: "y", list: [1, two, false]}}
+    rate_limit: {unit: minute, requests_per_unit: 10}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, w := got.Rules()[0], want.Rules()[0]
+	if !g.QuotaMode || !proto.Equal(g.Metadata, w.Metadata) || !proto.Equal(g.Metadata, md) {
+		t.Fatalf("quota_mode %v, metadata %v; want true and %v (the file's: %v)", g.QuotaMode, g.Metadata, md, w.Metadata)
+	}
 }

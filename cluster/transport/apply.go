@@ -44,17 +44,16 @@ func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, resul
 func (f *Forwarder) apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result, wait time.Duration, relayed bool) {
 	results = results[:len(ops)]
 	deadline := now + int64(wait)
-	var begin time.Time // when the first round stopped at a repeated key
+	var begin time.Time // when the call began: the rounds share its wait
+	if len(ops) > 1 {
+		begin = f.clock.Now()
+	}
 	for off := 0; off < len(ops); {
 		w := wait
 		if off > 0 {
 			w = wait - f.clock.Now().Sub(begin)
 		}
-		n := f.round(ctx, now, deadline, ops[off:], results[off:], w, relayed)
-		if off == 0 && n < len(ops) {
-			begin = f.clock.Now()
-		}
-		off += n
+		off += f.round(ctx, now, deadline, ops[off:], results[off:], w, relayed)
 	}
 }
 

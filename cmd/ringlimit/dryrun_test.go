@@ -69,3 +69,18 @@ func TestSettingsRedactSecrets(t *testing.T) {
 		t.Errorf("got\n%s\nwant\n%s", out.String(), want)
 	}
 }
+
+// The values of the xDS stream's gRPC metadata are credentials as often as
+// not (authorization:Bearer ...): --dry-run prints their keys only.
+func TestDryRunRedactsXDSHeaderValues(t *testing.T) {
+	var out, errb bytes.Buffer
+	env := environment{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_CLIENT_ADDITIONAL_HEADERS=authorization:Bearer s3cret,x-team:t2am"}
+	code := serveCmd(context.Background(), []string{"--node-name", "n1", "--dry-run"}, env, &out, &errb)
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errb.String())
+	}
+	if s := out.String(); strings.Contains(s, "s3cret") || strings.Contains(s, "t2am") ||
+		!strings.Contains(s, "\nxds-headers=authorization:<redacted>,x-team:<redacted>\n") {
+		t.Errorf("dry run prints the xds headers' values, or not their keys:\n%s", s)
+	}
+}

@@ -264,7 +264,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GRPCTLSCert, "grpc-tls-cert", "", "PEM certificate the gRPC listener presents to RLS clients (server TLS; with --grpc-tls-key; reloaded on change)", serverTLSEnv("GRPC_SERVER_TLS_CERT"))
 	str(&c.GRPCTLSKey, "grpc-tls-key", "", "PEM private key of --grpc-tls-cert", serverTLSEnv("GRPC_SERVER_TLS_KEY"))
 	str(&c.ConfigType, "config-type", configTypeFile, "where the rate limit config comes from: FILE (--config, watched) or GRPC_XDS_SOTW (an xDS management server, --xds-*)", plainEnv("CONFIG_TYPE"))
-	boolean(&c.ForceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW: be ready at once; until the first config every request fails with gRPC Unknown (without it the node is not ready until then)", plainEnv("FORCE_START_WITHOUT_INITIAL_CONFIG"))
+	boolean(&c.ForceStart, "force-start-without-initial-config", false, "with GRPC_XDS_SOTW: be ready at once (unless --healthy-with-config); until the first config every request fails with gRPC Unknown (without it the node is not ready until then)", plainEnv("FORCE_START_WITHOUT_INITIAL_CONFIG"))
 	str(&c.XDSServer, "xds-server", "localhost:18000", "host:port of the xDS management server", plainEnv("CONFIG_GRPC_XDS_SERVER_URL"))
 	str(&c.XDSNodeID, "xds-node-id", "default", "node id sent to the xDS server (its snapshots are keyed by it)", plainEnv("CONFIG_GRPC_XDS_NODE_ID"))
 	str(&c.XDSNodeMetadata, "xds-node-metadata", "", "node metadata sent to the xDS server: key=value,key2=value2", plainEnv("CONFIG_GRPC_XDS_NODE_METADATA"))
@@ -416,11 +416,30 @@ func (c *serveConfig) validate() error {
 func (c *serveConfig) writeSettings(w io.Writer) {
 	c.parsed.flags.VisitAll(func(f *flag.Flag) {
 		v := f.Value.String()
-		if v != "" && secretFlag(f.Name) {
+		switch {
+		case v == "":
+		case secretFlag(f.Name):
 			v = "<redacted>"
+		case f.Name == "xds-headers":
+			v = redactPairValues(v, ":") // often authorization:Bearer ...
 		}
 		fmt.Fprintf(w, "%s=%s\n", f.Name, v)
 	})
+}
+
+// redactPairValues is "k1<sep>v1,k2<sep>v2" with every value replaced by
+// <redacted>; an item without sep is redacted whole.
+func redactPairValues(s, sep string) string {
+	items := strings.Split(s, ",")
+	for i, item := range items {
+		item = strings.TrimSpace(item)
+		if k, _, ok := strings.Cut(item, sep); ok {
+			items[i] = k + sep + "<redacted>"
+		} else if item != "" {
+			items[i] = "<redacted>"
+		}
+	}
+	return strings.Join(items, ",")
 }
 
 // secretFlag reports whether a flag's value is a secret: a name with

@@ -206,3 +206,23 @@ func TestHealthcheckSaysWhyNotReady(t *testing.T) {
 		t.Fatal("serve did not stop within 30 s of its context ending")
 	}
 }
+
+// FORCE_START_WITHOUT_INITIAL_CONFIG makes a node waiting for its first xDS
+// config ready, unless HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED asks for a
+// config with a domain first: with both, as in the reference, it is not
+// ready until one arrives.
+func TestHealthForceStartWithConfig(t *testing.T) {
+	xds := environment{"CONFIG_TYPE=GRPC_XDS_SOTW", "CONFIG_GRPC_XDS_SERVER_URL=127.0.0.1:1", "FORCE_START_WITHOUT_INITIAL_CONFIG=true"}
+	n := startHealthNode(t, t.TempDir(), xds)
+	if code := n.healthcheck(t); code != http.StatusOK {
+		t.Fatalf("force start: /healthcheck before the first config = %d, want 200", code)
+	}
+	n = startHealthNode(t, t.TempDir(), append(xds, "HEALTHY_WITH_AT_LEAST_ONE_CONFIG_LOADED=true"))
+	if code := n.healthcheck(t); code != http.StatusInternalServerError {
+		t.Fatalf("force start with --healthy-with-config: /healthcheck before the first config = %d, want 500", code)
+	}
+	if body := n.healthBody(t); !strings.HasPrefix(body, "NOT READY: no config loaded: waiting for the first config") {
+		t.Errorf("/healthcheck body %q", body)
+	}
+	n.checkGRPC(t, healthpb.HealthCheckResponse_NOT_SERVING)
+}

@@ -256,7 +256,9 @@ func serve(ctx context.Context, c *serveConfig, cfg *rls.Config, log *slog.Logge
 		}
 		cfg := svc.Config() // nil with xDS before the first version
 		if cfg == nil {
-			if c.ForceStart {
+			// --healthy-with-config asks for a config with a domain,
+			// forced start or not (as the reference's health does).
+			if c.ForceStart && !c.HealthyWithConfig {
 				return ""
 			}
 			return "no config loaded: waiting for the first config from the xDS server " + c.XDSServer
