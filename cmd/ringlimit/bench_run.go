@@ -37,6 +37,8 @@ type benchConfig struct {
 	ConnectTimeout time.Duration   // how long every connection may take to become ready
 	Creds          grpc.DialOption // transport credentials; nil: plaintext
 	Label          string          // names the run in --json and --compare
+	Limits         bool            // keep every answer per key-window and count early refusals and hits over the limit
+	ServerPIDs     []int           // server processes whose CPU time the measured run is charged (Linux /proc)
 }
 
 // benchLoad is what a run sent: the request and how its keys were chosen.
@@ -79,6 +81,10 @@ type benchResult struct {
 	DeadlineExceeded uint64 // DeadlineExceeded, or an answer later than Deadline: Envoy fails open
 	ErrorCodes       []errorCount
 	PerTarget        []uint64 // calls answered (in any way) per Targets[i]
+
+	Limits     *limitCount   // with Config.Limits: over the warmup and the measured calls, which share windows
+	ServerPIDs []int         // with Config.ServerPIDs
+	ServerCPU  time.Duration // user + system CPU of ServerPIDs during the measured run
 }
 
 // errorCount is how many calls failed with one gRPC code, with the first
@@ -157,7 +163,8 @@ func (s *workerStats) record(resp *pb.RateLimitResponse, err error, lat, call, d
 type benchRun struct {
 	cfg    *benchConfig
 	conns  []*grpc.ClientConn
-	target []int // conns[i] is pinned to cfg.Targets[target[i]]
+	target []int         // conns[i] is pinned to cfg.Targets[target[i]]
+	limits []*limitTally // with cfg.Limits: stripes shared by the warmup and the measured run
 }
 
 // grpcTarget pins an address to itself (no DNS re-resolution or balancing)
@@ -238,13 +245,35 @@ func runBench(ctx context.Context, cfg *benchConfig, progress io.Writer) (*bench
 		return nil, err
 	}
 	defer b.close()
+	if cfg.Limits {
+		b.limits = make([]*limitTally, min(cfg.Concurrency, maxStatStripes))
+		for i := range b.limits {
+			b.limits[i] = newLimitTally()
+		}
+	}
 	if cfg.Warmup > 0 {
 		b.runPhase(ctx, 0, cfg.Warmup, nil, cfg.Seed^0x5eed)
 		if ctx.Err() != nil {
 			return nil, errors.New("bench: interrupted during warmup")
 		}
 	}
-	return b.runPhase(ctx, cfg.Requests, cfg.Duration, progress, cfg.Seed), nil
+	cpu0, err := processCPU(cfg.ServerPIDs)
+	if err != nil {
+		return nil, err
+	}
+	r := b.runPhase(ctx, cfg.Requests, cfg.Duration, progress, cfg.Seed)
+	if len(cfg.ServerPIDs) > 0 {
+		cpu1, err := processCPU(cfg.ServerPIDs)
+		if err != nil {
+			return nil, err
+		}
+		r.ServerPIDs, r.ServerCPU = cfg.ServerPIDs, cpu1-cpu0
+	}
+	if b.limits != nil {
+		c := countLimits(b.limits)
+		r.Limits = &c
+	}
+	return r, nil
 }
 
 // runPhase sends n calls, or for d when d > 0, and tallies them.
@@ -265,7 +294,11 @@ func (b *benchRun) runPhase(ctx context.Context, n int, d time.Duration, progres
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b.worker(ctx, w, ph, keys, stats[w%len(stats)])
+			var lt *limitTally
+			if b.limits != nil {
+				lt = b.limits[w%len(b.limits)]
+			}
+			b.worker(ctx, w, ph, keys, stats[w%len(stats)], lt)
 		}()
 	}
 	stopProgress := make(chan struct{})
@@ -321,8 +354,10 @@ func (b *benchRun) runPhase(ctx context.Context, n int, d time.Duration, progres
 }
 
 // worker sends calls one at a time until the phase ends.
-func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser, st *workerStats) {
+// lt, when not nil, gets every call for the limit accounting.
+func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser, st *workerStats, lt *limitTally) {
 	cfg := b.cfg
+	hits := uint64(max(cfg.Template.hits, 1))
 	ci := w % len(b.conns)
 	conn, target := b.conns[ci], b.target[ci]
 	req := cfg.Template.newRequest()
@@ -359,7 +394,8 @@ func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser
 				}
 			}
 		}
-		buf = cfg.Template.fill(req, keys.next(), buf)
+		k := keys.next()
+		buf = cfg.Template.fill(req, k, buf)
 		if ctx.Err() != nil {
 			return
 		}
@@ -385,6 +421,9 @@ func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser
 		st.mu.Lock()
 		st.record(resp, err, lat, call, cfg.Deadline, target)
 		st.mu.Unlock()
+		if lt != nil {
+			lt.record(k, len(req.Descriptors), hits, t0, end, resp, err != nil)
+		}
 		ph.done.Add(1)
 	}
 }
