@@ -227,8 +227,10 @@ func TestBenchCompareWithLimitsAndCPU(t *testing.T) {
 	three := report("three nodes", 250, 1, 5, 9, 0, 0)
 	three.ServerCPU = &serverCPUJSON{USPerCall: 80}
 	three.Limits = &limitsJSON{KeyWindows: 10, BudgetHits: 1000, EarlyRefusals: 15, OverLimitHits: 2}
+	floor := report("floor", 300, 1, 3, 6, 0, 0)
+	floor.Limits = &limitsJSON{} // --limits against a server that states no limits
 	var b strings.Builder
-	writeCompare(&b, compareRows([]benchJSON{one, three, report("floor", 300, 1, 3, 6, 0, 0)}))
+	writeCompare(&b, compareRows([]benchJSON{one, three, floor}))
 	want := `setup       runs    calls/s  x first    p50 ms    p99 ms  p99.9 ms    p99 x fail-open    errors cpu us/call    early  early %     over
 one node       1        100    1.00x     1.000     4.000     8.000    1.00x         0         0        30.0        5    0.50%        0
 three nodes    1        250    2.50x     1.000     5.000     9.000    1.25x         0         0        80.0       15    1.50%        2

@@ -303,7 +303,7 @@ func compareRows(reports []benchJSON) []compareRow {
 			if r.ServerCPU != nil {
 				cpu = append(cpu, r.ServerCPU.USPerCall)
 			}
-			if l := r.Limits; l != nil {
+			if l := r.Limits; l != nil && l.KeyWindows > 0 { // a server that states no limits has nothing to count
 				if row.Limits == nil {
 					row.Limits = new(limitCount)
 				}
