@@ -3,7 +3,9 @@
 # do-nothing RLS server: what gRPC alone costs here), one ringlimit node, and
 # a three-node ringlimit cluster (load spread over all three, so about 2/3 of
 # decisions are forwarded to their owner), prints a table with ratios to the
-# floor, then runs the Go micro-benchmarks with benchstat-ready output.
+# floor; then, as root, the capped scaling section (deploy/local/bench-capped.sh:
+# one, three and five nodes with every server process at the same CPU quota);
+# then runs the Go micro-benchmarks with benchstat-ready output.
 #
 # Usage: deploy/local/bench.sh [path/to/ringlimit]
 #   Without a path it builds .build/ringlimit. Everything listens on
@@ -19,6 +21,8 @@
 #   BENCH_RATE_FRACTION [0.3]  paced latency run: this share of the floor's
 #                         calls/s for every setup (0 skips it)
 #   BENCH_RATE_SECONDS [5]  length of each paced run
+#   BENCH_CAPPED [1]      0 skips the capped scaling section; its own knobs
+#                         (BENCH_CPU_QUOTA [0.25], BENCH_CAP_*) are in bench-capped.sh
 #   BENCH_DATADIR [1]     0 skips the --data-dir save and restore of 1 M keys
 #   BENCH_MICRO [1]       0 skips the Go micro-benchmarks
 #   BENCH_COUNT [6]       -count of each micro-benchmark (benchstat wants >= 6)
@@ -35,6 +39,7 @@ CONNS=${BENCH_CONNS:-3}
 KEYS=${BENCH_KEYS:-10000}
 RATE_FRACTION=${BENCH_RATE_FRACTION:-0.3}
 RATE_SECONDS=${BENCH_RATE_SECONDS:-5}
+CAPPED=${BENCH_CAPPED:-1}
 DATADIR=${BENCH_DATADIR:-1}
 MICRO=${BENCH_MICRO:-1}
 COUNT=${BENCH_COUNT:-6}
@@ -258,6 +263,19 @@ if [ ${#rate_reports[@]} -gt 0 ]; then
 	}' "$OUT/rate-table.txt" | tee -a "$OUT/rate-table.txt"
 fi
 
+# --- capped scaling: equal CPU per server process ------------------------------
+# Its own servers, cgroups and cleanup; it skips itself in one line without
+# root or a cpu controller. A hit over the limit fails it, and with it this
+# script, after the rest has run.
+capped_rc=0
+if [ "$CAPPED" != 0 ]; then
+	echo
+	set +e
+	deploy/local/bench-capped.sh "$BIN" "$OUT/capped" 2>&1 | tee "$OUT/capped.txt"
+	capped_rc=${PIPESTATUS[0]}
+	set -e
+fi
+
 # --- --data-dir: saving and restoring 1 M counters ---------------------------
 # The file goes under $OUT, on the disk the repository is on (a temporary
 # directory may be in memory, where fsync costs nothing).
@@ -320,4 +338,9 @@ if [ "$MICRO" != 0 ]; then
 		exit $rc
 	fi
 	echo "compare two runs with: benchstat old/micro.txt $OUT/micro.txt"
+fi
+
+if [ "$capped_rc" -ne 0 ]; then
+	echo "bench.sh: the capped scaling section failed (exit $capped_rc); see $OUT/capped.txt" >&2
+	exit "$capped_rc"
 fi
