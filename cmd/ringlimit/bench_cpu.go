@@ -12,22 +12,22 @@ import (
 // USER_HZ, 100 on every Linux architecture Go supports.
 const userHZ = 100
 
-// processCPU is the user + system CPU time the processes pids have used so
-// far, from /proc/PID/stat (Linux). No pids: 0.
-func processCPU(pids []int) (time.Duration, error) {
-	var ticks uint64
-	for _, pid := range pids {
+// processCPUs is the user + system CPU time each of pids has used so far,
+// from /proc/PID/stat (Linux).
+func processCPUs(pids []int) ([]time.Duration, error) {
+	out := make([]time.Duration, len(pids))
+	for i, pid := range pids {
 		b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
 		if err != nil {
-			return 0, fmt.Errorf("bench: --server-pids: %w", err)
+			return nil, fmt.Errorf("bench: --server-pids: %w", err)
 		}
 		t, err := statCPUTicks(string(b))
 		if err != nil {
-			return 0, fmt.Errorf("bench: --server-pids: /proc/%d/stat: %w", pid, err)
+			return nil, fmt.Errorf("bench: --server-pids: /proc/%d/stat: %w", pid, err)
 		}
-		ticks += t
+		out[i] = time.Duration(t) * time.Second / userHZ
 	}
-	return time.Duration(ticks) * time.Second / userHZ, nil
+	return out, nil
 }
 
 // statCPUTicks is utime + stime (fields 14 and 15) of a /proc/PID/stat

@@ -206,11 +206,12 @@ func TestBenchLimitsReported(t *testing.T) {
 	}
 	r := sampleResult()
 	r.Limits = &limitCount{KeyWindows: 3, Budget: 200, Early: 5, Over: 0}
-	r.ServerPIDs, r.ServerCPU = []int{7, 8}, 300*time.Microsecond
+	r.ServerPIDs, r.ServerCPU, r.ClientCPU = []int{7, 8}, 300*time.Microsecond, 150*time.Microsecond
 	var b strings.Builder
 	writeBenchText(&b, r)
 	for _, want := range []string{
 		"  Server CPU:\t30.0 us per call (user + system of 2 process(es), 0.00 s)\n",
+		"  Load tool CPU:\t15.0 us per call (0.00 s)\n",
 		"  Early refusals:\t5 hits (2.50% of the budget: refused before their window reached its limit)\n",
 		"  Over the limit:\t0 hits (allowed beyond their window's limit)\n",
 	} {

@@ -47,6 +47,7 @@ func writeBenchText(w io.Writer, r *benchResult) {
 	p("\n")
 	if len(r.ServerPIDs) > 0 {
 		p("  Server CPU:\t%.1f us per call (user + system of %d process(es), %.2f s)\n", r.serverCPUPerCall(), len(r.ServerPIDs), r.ServerCPU.Seconds())
+		p("  Load tool CPU:\t%.1f us per call (%.2f s)\n", perCallUS(r.ClientCPU, r.calls()), r.ClientCPU.Seconds())
 	}
 
 	p("\nResponse time histogram (ms):\n")
@@ -152,11 +153,13 @@ type limitsJSON struct {
 	OverLimitHits uint64  `json:"over_limit_hits"`
 }
 
-// serverCPUJSON is the servers' CPU time during the measured calls.
+// serverCPUJSON is the servers' CPU time during the measured calls, and
+// the load tool's own beside it.
 type serverCPUJSON struct {
-	PIDs      []int   `json:"pids"`
-	Seconds   float64 `json:"seconds"`
-	USPerCall float64 `json:"us_per_call"`
+	PIDs              []int   `json:"pids"`
+	Seconds           float64 `json:"seconds"`
+	USPerCall         float64 `json:"us_per_call"`
+	LoadToolUSPerCall float64 `json:"load_tool_us_per_call"`
 }
 
 type targetJSON struct {
@@ -226,18 +229,22 @@ func (r *benchResult) toJSON() benchJSON {
 		j.Limits = &limitsJSON{KeyWindows: l.KeyWindows, BudgetHits: l.Budget, EarlyRefusals: l.Early, EarlyShare: l.earlyShare(), OverLimitHits: l.Over}
 	}
 	if len(r.ServerPIDs) > 0 {
-		j.ServerCPU = &serverCPUJSON{PIDs: r.ServerPIDs, Seconds: r.ServerCPU.Seconds(), USPerCall: r.serverCPUPerCall()}
+		j.ServerCPU = &serverCPUJSON{PIDs: r.ServerPIDs, Seconds: r.ServerCPU.Seconds(), USPerCall: r.serverCPUPerCall(),
+			LoadToolUSPerCall: perCallUS(r.ClientCPU, r.calls())}
 	}
 	return j
 }
 
 // serverCPUPerCall is the servers' CPU time per counted call, in
 // microseconds.
-func (r *benchResult) serverCPUPerCall() float64 {
-	if r.calls() == 0 {
+func (r *benchResult) serverCPUPerCall() float64 { return perCallUS(r.ServerCPU, r.calls()) }
+
+// perCallUS is d over calls, in microseconds (0 without calls).
+func perCallUS(d time.Duration, calls uint64) float64 {
+	if calls == 0 {
 		return 0
 	}
-	return float64(r.ServerCPU) / float64(time.Microsecond) / float64(r.calls())
+	return float64(d) / float64(time.Microsecond) / float64(calls)
 }
 
 // writeBenchJSON prints r's --json report, indented, with a final newline.

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -85,6 +87,7 @@ type benchResult struct {
 	Limits     *limitCount   // with Config.Limits: over the warmup and the measured calls, which share windows
 	ServerPIDs []int         // with Config.ServerPIDs
 	ServerCPU  time.Duration // user + system CPU of ServerPIDs during the measured run
+	ClientCPU  time.Duration // with ServerPIDs: this process's own CPU during the measured run
 }
 
 // errorCount is how many calls failed with one gRPC code, with the first
@@ -257,17 +260,26 @@ func runBench(ctx context.Context, cfg *benchConfig, progress io.Writer) (*bench
 			return nil, errors.New("bench: interrupted during warmup")
 		}
 	}
-	cpu0, err := processCPU(cfg.ServerPIDs)
+	pids := cfg.ServerPIDs
+	if len(pids) > 0 {
+		pids = append(slices.Clone(pids), os.Getpid()) // the last: this process
+	}
+	cpu0, err := processCPUs(pids)
 	if err != nil {
 		return nil, err
 	}
 	r := b.runPhase(ctx, cfg.Requests, cfg.Duration, progress, cfg.Seed)
-	if len(cfg.ServerPIDs) > 0 {
-		cpu1, err := processCPU(cfg.ServerPIDs)
+	if len(pids) > 0 {
+		cpu1, err := processCPUs(pids)
 		if err != nil {
 			return nil, err
 		}
-		r.ServerPIDs, r.ServerCPU = cfg.ServerPIDs, cpu1-cpu0
+		n := len(pids) - 1
+		r.ServerPIDs = cfg.ServerPIDs
+		for i := range n {
+			r.ServerCPU += cpu1[i] - cpu0[i]
+		}
+		r.ClientCPU = cpu1[n] - cpu0[n]
 	}
 	if b.limits != nil {
 		c := countLimits(b.limits)

@@ -254,7 +254,7 @@ for r in $(seq 1 "$ROUNDS"); do
 			load "$OUT/$c-$s-$r.txt" --addr "${!tv}" -n "$N" -c "$C" --connections "$CONNS" --keys "$keys" \
 				--descriptor "$desc" --deadline "$DEADLINE" --seed "$r" --limits --server-pids "${!pv}" \
 				--label "$(label "$s")" --json-file "$f"
-			grep -E 'Requests/sec|99% in|Server CPU|Early refusals' "$OUT/$c-$s-$r.txt" |
+			grep -E 'Requests/sec|99% in|Server CPU|Load tool CPU|Early refusals' "$OUT/$c-$s-$r.txt" |
 				sed 's/ (.*//' | tr -s ' \t' ' ' | tr '\n' ' '
 			echo
 		done
