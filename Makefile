@@ -19,7 +19,7 @@ help:
 	@echo 'make test     vet, gofmt, race-enabled tests of every package, allocation tests, a short fuzz run (under 10 minutes)'
 	@echo 'make lint     vet and gofmt'
 	@echo 'make bench    the floor, one node and three nodes under the same load; as root, one, three and five nodes at'
-	@echo '              BENCH_CPU_QUOTA (0.25) CPU per server process (about 10 minutes)'
+	@echo '              BENCH_CPU_QUOTA (0.25) CPU per server process (about 8 minutes)'
 	@echo 'make chaos    the full failure suite (about 3 minutes)'
 	@echo 'make sim      the deterministic simulation (SIM_SEEDS, SIM_SEED, SIM_BREAK)'
 	@echo 'make image    the container image (needs Docker)'
