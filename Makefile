@@ -18,7 +18,8 @@ help:
 	@echo 'make build    the binary in $(BIN)'
 	@echo 'make test     vet, gofmt, race-enabled tests of every package, allocation tests, a short fuzz run (under 10 minutes)'
 	@echo 'make lint     vet and gofmt'
-	@echo 'make bench    the floor, one node and three nodes under the same load (a few minutes)'
+	@echo 'make bench    the floor, one node and three nodes under the same load; as root, one, three and five nodes at'
+	@echo '              BENCH_CPU_QUOTA (0.25) CPU per server process (about 8 minutes)'
 	@echo 'make chaos    the full failure suite (about 3 minutes)'
 	@echo 'make sim      the deterministic simulation (SIM_SEEDS, SIM_SEED, SIM_BREAK)'
 	@echo 'make image    the container image (needs Docker)'
@@ -82,8 +83,9 @@ clean:
 	rm -rf .build
 
 # The floor (a do-nothing RLS), one node and three nodes under the same load, as a
-# table with ratios to the floor; then the Go micro-benchmarks (benchstat-ready).
-# See docs/performance.md.
+# table with ratios to the floor; as root, the same at equal CPU per server
+# process (a cgroup quota each, BENCH_CPU_QUOTA) for one, three and five nodes;
+# then the Go micro-benchmarks (benchstat-ready). See docs/performance.md.
 bench: build
 	./deploy/local/bench.sh $(BIN)
 

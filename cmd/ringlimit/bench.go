@@ -8,6 +8,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -24,8 +25,9 @@ type benchFlags struct {
 	rps, zipfS              float64
 	addr, dist, domain      string
 	label, compare, noop    string
-	jsonFile                string
+	jsonFile, serverPIDs    string
 	hits                    uint
+	limits                  bool
 	seed                    uint64
 	json                    bool
 	descs                   listFlag
@@ -51,6 +53,8 @@ func newBenchFlags(f *benchFlags, stderr io.Writer) *flag.FlagSet {
 	fs.DurationVar(&f.deadline, "deadline", 20*time.Millisecond, "per-call deadline; a later answer or DeadlineExceeded is a fail-open, as Envoy's timeout (0: none)")
 	fs.DurationVar(&f.warmup, "warmup", 0, "send load for this long first and discard it")
 	fs.DurationVar(&f.connectTimeout, "connect-timeout", 5*time.Second, "how long connections may take to become ready")
+	fs.BoolVar(&f.limits, "limits", false, "count, per key and window, hits refused before the limit was reached (early refusals) and hits allowed beyond it, from each answer's current_limit and duration_until_reset; keeps every answer until the end (about 24 bytes each)")
+	fs.StringVar(&f.serverPIDs, "server-pids", "", "comma-separated PIDs of the server processes: report their CPU time (user + system, from /proc) per measured call")
 	f.tls.register(fs)
 	fs.BoolVar(&f.json, "json", false, "print the report as JSON")
 	fs.StringVar(&f.jsonFile, "json-file", "", "also write the --json report to this file")
@@ -114,6 +118,18 @@ func (f *benchFlags) config() (*benchConfig, error) {
 	if _, err := newKeyChooser(f.dist, f.keys, f.zipfS, f.seed, 0); err != nil {
 		errs = append(errs, err)
 	}
+	var pids []int
+	for _, p := range strings.Split(f.serverPIDs, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		pid, err := strconv.Atoi(p)
+		if err != nil || pid < 1 {
+			bad("--server-pids: %q is not a PID", p)
+			continue
+		}
+		pids = append(pids, pid)
+	}
 	creds, err := f.tls.dialOption()
 	if err != nil {
 		bad("%v", err)
@@ -125,6 +141,7 @@ func (f *benchFlags) config() (*benchConfig, error) {
 		Targets: targets, Requests: f.n, Duration: f.z, Concurrency: f.c, RPS: f.rps, Connections: conns,
 		Keys: f.keys, Dist: f.dist, ZipfS: f.zipfS, Seed: f.seed, Template: tmpl, Deadline: f.deadline,
 		Warmup: f.warmup, ConnectTimeout: f.connectTimeout, Label: f.label, Creds: creds,
+		Limits: f.limits, ServerPIDs: pids,
 	}, nil
 }
 

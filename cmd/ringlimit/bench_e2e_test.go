@@ -165,7 +165,7 @@ func (f *fakeRLS) ShouldRateLimit(ctx context.Context, req *pb.RateLimitRequest)
 
 // startFake serves f on a free loopback port; stop ends it and joins its
 // goroutine (deferred after goleak.VerifyNone, so it runs first).
-func startFake(t *testing.T, f *fakeRLS) (addr string, stop func()) {
+func startFake(t *testing.T, f pb.RateLimitServiceServer) (addr string, stop func()) {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -280,6 +280,8 @@ func TestBenchFlagErrors(t *testing.T) {
 		{[]string{"--keys", "0"}, "bench: --keys: 0 is not in"},
 		{[]string{"--descriptor", "a={nope}"}, "unknown placeholder {nope}"},
 		{[]string{"--deadline", "-1ms"}, "bench: --deadline and --warmup must be >= 0"},
+		{[]string{"--server-pids", "12,x"}, `bench: --server-pids: "x" is not a PID`},
+		{[]string{"--server-pids", "0"}, `bench: --server-pids: "0" is not a PID`},
 		{[]string{"stray"}, `bench: unexpected argument "stray"`},
 		{[]string{"--no-such-flag"}, "flag provided but not defined: -no-such-flag"},
 	}

@@ -45,6 +45,10 @@ func writeBenchText(w io.Writer, r *benchResult) {
 		p(" (interrupted)")
 	}
 	p("\n")
+	if len(r.ServerPIDs) > 0 {
+		p("  Server CPU:\t%.1f us per call (user + system of %d process(es), %.2f s)\n", r.serverCPUPerCall(), len(r.ServerPIDs), r.ServerCPU.Seconds())
+		p("  Load tool CPU:\t%.1f us per call (%.2f s)\n", perCallUS(r.ClientCPU, r.calls()), r.ClientCPU.Seconds())
+	}
 
 	p("\nResponse time histogram (ms):\n")
 	bars := r.hist.linear(histLines)
@@ -82,6 +86,13 @@ func writeBenchText(w io.Writer, r *benchResult) {
 		note = fmt.Sprintf(" (no answer within %v: Envoy fails open)", r.Deadline)
 	}
 	line("deadline exceeded", r.DeadlineExceeded, note)
+	if l := r.Limits; l != nil {
+		p("\nLimits (per key and window, warmup included):\n")
+		p("  Key-windows:\t%d\n", l.KeyWindows)
+		p("  Budget:\t%d hits (answered hits up to each window's limit)\n", l.Budget)
+		p("  Early refusals:\t%d hits (%.2f%% of the budget: refused before their window reached its limit)\n", l.Early, 100*l.earlyShare())
+		p("  Over the limit:\t%d hits (allowed beyond their window's limit)\n", l.Over)
+	}
 	if len(r.ErrorCodes) > 0 {
 		p("\nError distribution:\n")
 		for _, e := range r.ErrorCodes {
@@ -117,18 +128,38 @@ func writeBenchLoad(w io.Writer, l benchLoad) {
 // benchJSON is the --json report. Times are in milliseconds unless the
 // name says seconds; every counted call is in exactly one status field.
 type benchJSON struct {
-	Label       string        `json:"label,omitempty"`
-	Load        benchLoad     `json:"load"`
-	Targets     []targetJSON  `json:"targets"`
-	Concurrency int           `json:"concurrency"`
-	Connections int           `json:"connections"`
-	DeadlineMS  float64       `json:"deadline_ms"`
-	Interrupted bool          `json:"interrupted,omitempty"`
-	Summary     summaryJSON   `json:"summary"`
-	Status      statusJSON    `json:"status"`
-	Errors      []errorJSON   `json:"errors,omitempty"`
-	Histogram   []histBarJSON `json:"histogram"`
-	Latency     []latencyJSON `json:"latency"`
+	Label       string         `json:"label,omitempty"`
+	Load        benchLoad      `json:"load"`
+	Targets     []targetJSON   `json:"targets"`
+	Concurrency int            `json:"concurrency"`
+	Connections int            `json:"connections"`
+	DeadlineMS  float64        `json:"deadline_ms"`
+	Interrupted bool           `json:"interrupted,omitempty"`
+	Summary     summaryJSON    `json:"summary"`
+	Status      statusJSON     `json:"status"`
+	Errors      []errorJSON    `json:"errors,omitempty"`
+	Histogram   []histBarJSON  `json:"histogram"`
+	Latency     []latencyJSON  `json:"latency"`
+	Limits      *limitsJSON    `json:"limits,omitempty"`     // with --limits
+	ServerCPU   *serverCPUJSON `json:"server_cpu,omitempty"` // with --server-pids
+}
+
+// limitsJSON is --limits' accounting; hits, summed over key-windows.
+type limitsJSON struct {
+	KeyWindows    uint64  `json:"key_windows"`
+	BudgetHits    uint64  `json:"budget_hits"`    // min(limit, answered hits) per key-window
+	EarlyRefusals uint64  `json:"early_refusals"` // refused before the key-window reached its limit
+	EarlyShare    float64 `json:"early_share"`    // early_refusals / budget_hits
+	OverLimitHits uint64  `json:"over_limit_hits"`
+}
+
+// serverCPUJSON is the servers' CPU time during the measured calls, and
+// the load tool's own beside it.
+type serverCPUJSON struct {
+	PIDs              []int   `json:"pids"`
+	Seconds           float64 `json:"seconds"`
+	USPerCall         float64 `json:"us_per_call"`
+	LoadToolUSPerCall float64 `json:"load_tool_us_per_call"`
 }
 
 type targetJSON struct {
@@ -194,7 +225,26 @@ func (r *benchResult) toJSON() benchJSON {
 	for _, q := range benchPercentiles {
 		j.Latency = append(j.Latency, latencyJSON{Percentile: q, MS: ms(r.hist.quantile(q / 100))})
 	}
+	if l := r.Limits; l != nil {
+		j.Limits = &limitsJSON{KeyWindows: l.KeyWindows, BudgetHits: l.Budget, EarlyRefusals: l.Early, EarlyShare: l.earlyShare(), OverLimitHits: l.Over}
+	}
+	if len(r.ServerPIDs) > 0 {
+		j.ServerCPU = &serverCPUJSON{PIDs: r.ServerPIDs, Seconds: r.ServerCPU.Seconds(), USPerCall: r.serverCPUPerCall(),
+			LoadToolUSPerCall: perCallUS(r.ClientCPU, r.calls())}
+	}
 	return j
+}
+
+// serverCPUPerCall is the servers' CPU time per counted call, in
+// microseconds.
+func (r *benchResult) serverCPUPerCall() float64 { return perCallUS(r.ServerCPU, r.calls()) }
+
+// perCallUS is d over calls, in microseconds (0 without calls).
+func perCallUS(d time.Duration, calls uint64) float64 {
+	if calls == 0 {
+		return 0
+	}
+	return float64(d) / float64(time.Microsecond) / float64(calls)
 }
 
 // writeBenchJSON prints r's --json report, indented, with a final newline.
@@ -219,9 +269,11 @@ type compareRow struct {
 	Label               string
 	Runs                int
 	CallsPerSec         float64
-	P50, P99, P999      float64 // ms
-	Errors, DeadlineExc uint64  // summed over runs
-	Calls               uint64  // summed over runs
+	P50, P99, P999      float64     // ms
+	Errors, DeadlineExc uint64      // summed over runs
+	Calls               uint64      // summed over runs
+	CPUPerCall          float64     // us, median over the runs that report it; NaN: none does
+	Limits              *limitCount // summed over the runs that report it; nil: none does
 }
 
 // median of xs (NaN when empty); xs is sorted in place.
@@ -253,8 +305,17 @@ func compareRows(reports []benchJSON) []compareRow {
 	for _, label := range order {
 		g := groups[label]
 		row := compareRow{Label: label, Runs: len(g)}
-		var cps, p50, p99, p999 []float64
+		var cps, p50, p99, p999, cpu []float64
 		for _, r := range g {
+			if r.ServerCPU != nil {
+				cpu = append(cpu, r.ServerCPU.USPerCall)
+			}
+			if l := r.Limits; l != nil && l.KeyWindows > 0 { // a server that states no limits has nothing to count
+				if row.Limits == nil {
+					row.Limits = new(limitCount)
+				}
+				row.Limits.add(limitCount{KeyWindows: l.KeyWindows, Budget: l.BudgetHits, Early: l.EarlyRefusals, Over: l.OverLimitHits})
+			}
 			cps = append(cps, r.Summary.CallsPerSec)
 			p50 = append(p50, r.percentileMS(50))
 			p99 = append(p99, r.percentileMS(99))
@@ -264,18 +325,31 @@ func compareRows(reports []benchJSON) []compareRow {
 			row.Calls += r.Summary.Calls
 		}
 		row.CallsPerSec, row.P50, row.P99, row.P999 = median(cps), median(p50), median(p99), median(p999)
+		row.CPUPerCall = median(cpu)
 		rows = append(rows, row)
 	}
 	return rows
 }
 
 // writeCompare prints rows as a table with ratios to the first row (the
-// floor).
+// floor; the ratio column says "x first" when the first label does not
+// start with "floor"). When any row has them, the servers' CPU per call
+// and the limit accounting (early refusals summed over the runs, as a
+// share of their budget, and hits over the limit) are added as columns.
 func writeCompare(w io.Writer, rows []compareRow) {
 	if len(rows) == 0 {
 		return
 	}
 	base := rows[0]
+	xname := "x floor"
+	if !strings.HasPrefix(base.Label, "floor") {
+		xname = "x first"
+	}
+	var withCPU, withLimits bool
+	for _, r := range rows {
+		withCPU = withCPU || !math.IsNaN(r.CPUPerCall)
+		withLimits = withLimits || r.Limits != nil
+	}
 	ratio := func(a, b float64) string {
 		if b == 0 || math.IsNaN(a) || math.IsNaN(b) {
 			return "-"
@@ -286,10 +360,32 @@ func writeCompare(w io.Writer, rows []compareRow) {
 	for _, r := range rows {
 		lw = max(lw, len(r.Label))
 	}
-	fmt.Fprintf(w, "%-*s %4s %10s %8s %9s %9s %9s %8s %9s %9s\n", lw, "setup", "runs", "calls/s", "x floor", "p50 ms", "p99 ms", "p99.9 ms", "p99 x", "fail-open", "errors")
+	fmt.Fprintf(w, "%-*s %4s %10s %8s %9s %9s %9s %8s %9s %9s", lw, "setup", "runs", "calls/s", xname, "p50 ms", "p99 ms", "p99.9 ms", "p99 x", "fail-open", "errors")
+	if withCPU {
+		fmt.Fprintf(w, " %11s", "cpu us/call")
+	}
+	if withLimits {
+		fmt.Fprintf(w, " %8s %8s %8s", "early", "early %", "over")
+	}
+	fmt.Fprintln(w)
 	for _, r := range rows {
-		fmt.Fprintf(w, "%-*s %4d %10.0f %8s %9.3f %9.3f %9.3f %8s %9d %9d\n", lw, r.Label, r.Runs, r.CallsPerSec,
+		fmt.Fprintf(w, "%-*s %4d %10.0f %8s %9.3f %9.3f %9.3f %8s %9d %9d", lw, r.Label, r.Runs, r.CallsPerSec,
 			ratio(r.CallsPerSec, base.CallsPerSec), r.P50, r.P99, r.P999, ratio(r.P99, base.P99), r.DeadlineExc, r.Errors)
+		if withCPU {
+			if math.IsNaN(r.CPUPerCall) {
+				fmt.Fprintf(w, " %11s", "-")
+			} else {
+				fmt.Fprintf(w, " %11.1f", r.CPUPerCall)
+			}
+		}
+		if withLimits {
+			if l := r.Limits; l != nil {
+				fmt.Fprintf(w, " %8d %7.2f%% %8d", l.Early, 100*l.earlyShare(), l.Over)
+			} else {
+				fmt.Fprintf(w, " %8s %8s %8s", "-", "-", "-")
+			}
+		}
+		fmt.Fprintln(w)
 	}
 }
 

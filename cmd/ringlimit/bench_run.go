@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -37,6 +39,8 @@ type benchConfig struct {
 	ConnectTimeout time.Duration   // how long every connection may take to become ready
 	Creds          grpc.DialOption // transport credentials; nil: plaintext
 	Label          string          // names the run in --json and --compare
+	Limits         bool            // keep every answer per key-window and count early refusals and hits over the limit
+	ServerPIDs     []int           // server processes whose CPU time the measured run is charged (Linux /proc)
 }
 
 // benchLoad is what a run sent: the request and how its keys were chosen.
@@ -79,6 +83,11 @@ type benchResult struct {
 	DeadlineExceeded uint64 // DeadlineExceeded, or an answer later than Deadline: Envoy fails open
 	ErrorCodes       []errorCount
 	PerTarget        []uint64 // calls answered (in any way) per Targets[i]
+
+	Limits     *limitCount   // with Config.Limits: over the warmup and the measured calls, which share windows
+	ServerPIDs []int         // with Config.ServerPIDs
+	ServerCPU  time.Duration // user + system CPU of ServerPIDs during the measured run
+	ClientCPU  time.Duration // with ServerPIDs: this process's own CPU during the measured run
 }
 
 // errorCount is how many calls failed with one gRPC code, with the first
@@ -157,7 +166,8 @@ func (s *workerStats) record(resp *pb.RateLimitResponse, err error, lat, call, d
 type benchRun struct {
 	cfg    *benchConfig
 	conns  []*grpc.ClientConn
-	target []int // conns[i] is pinned to cfg.Targets[target[i]]
+	target []int         // conns[i] is pinned to cfg.Targets[target[i]]
+	limits []*limitTally // with cfg.Limits: stripes shared by the warmup and the measured run
 }
 
 // grpcTarget pins an address to itself (no DNS re-resolution or balancing)
@@ -238,13 +248,44 @@ func runBench(ctx context.Context, cfg *benchConfig, progress io.Writer) (*bench
 		return nil, err
 	}
 	defer b.close()
+	if cfg.Limits {
+		b.limits = make([]*limitTally, min(cfg.Concurrency, maxStatStripes))
+		for i := range b.limits {
+			b.limits[i] = newLimitTally()
+		}
+	}
 	if cfg.Warmup > 0 {
 		b.runPhase(ctx, 0, cfg.Warmup, nil, cfg.Seed^0x5eed)
 		if ctx.Err() != nil {
 			return nil, errors.New("bench: interrupted during warmup")
 		}
 	}
-	return b.runPhase(ctx, cfg.Requests, cfg.Duration, progress, cfg.Seed), nil
+	pids := cfg.ServerPIDs
+	if len(pids) > 0 {
+		pids = append(slices.Clone(pids), os.Getpid()) // the last: this process
+	}
+	cpu0, err := processCPUs(pids)
+	if err != nil {
+		return nil, err
+	}
+	r := b.runPhase(ctx, cfg.Requests, cfg.Duration, progress, cfg.Seed)
+	if len(pids) > 0 {
+		cpu1, err := processCPUs(pids)
+		if err != nil {
+			return nil, err
+		}
+		n := len(pids) - 1
+		r.ServerPIDs = cfg.ServerPIDs
+		for i := range n {
+			r.ServerCPU += cpu1[i] - cpu0[i]
+		}
+		r.ClientCPU = cpu1[n] - cpu0[n]
+	}
+	if b.limits != nil {
+		c := countLimits(b.limits)
+		r.Limits = &c
+	}
+	return r, nil
 }
 
 // runPhase sends n calls, or for d when d > 0, and tallies them.
@@ -265,7 +306,11 @@ func (b *benchRun) runPhase(ctx context.Context, n int, d time.Duration, progres
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			b.worker(ctx, w, ph, keys, stats[w%len(stats)])
+			var lt *limitTally
+			if b.limits != nil {
+				lt = b.limits[w%len(b.limits)]
+			}
+			b.worker(ctx, w, ph, keys, stats[w%len(stats)], lt)
 		}()
 	}
 	stopProgress := make(chan struct{})
@@ -321,8 +366,10 @@ func (b *benchRun) runPhase(ctx context.Context, n int, d time.Duration, progres
 }
 
 // worker sends calls one at a time until the phase ends.
-func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser, st *workerStats) {
+// lt, when not nil, gets every call for the limit accounting.
+func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser, st *workerStats, lt *limitTally) {
 	cfg := b.cfg
+	hits := uint64(max(cfg.Template.hits, 1))
 	ci := w % len(b.conns)
 	conn, target := b.conns[ci], b.target[ci]
 	req := cfg.Template.newRequest()
@@ -359,7 +406,8 @@ func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser
 				}
 			}
 		}
-		buf = cfg.Template.fill(req, keys.next(), buf)
+		k := keys.next()
+		buf = cfg.Template.fill(req, k, buf)
 		if ctx.Err() != nil {
 			return
 		}
@@ -385,6 +433,9 @@ func (b *benchRun) worker(ctx context.Context, w int, ph *phase, keys keyChooser
 		st.mu.Lock()
 		st.record(resp, err, lat, call, cfg.Deadline, target)
 		st.mu.Unlock()
+		if lt != nil {
+			lt.record(k, len(req.Descriptors), hits, t0, end, resp, err != nil)
+		}
 		ph.done.Add(1)
 	}
 }

@@ -3,7 +3,9 @@
 # do-nothing RLS server: what gRPC alone costs here), one ringlimit node, and
 # a three-node ringlimit cluster (load spread over all three, so about 2/3 of
 # decisions are forwarded to their owner), prints a table with ratios to the
-# floor, then runs the Go micro-benchmarks with benchstat-ready output.
+# floor; then, as root, the capped scaling section (deploy/local/bench-capped.sh:
+# one, three and five nodes with every server process at the same CPU quota);
+# then runs the Go micro-benchmarks with benchstat-ready output.
 #
 # Usage: deploy/local/bench.sh [path/to/ringlimit]
 #   Without a path it builds .build/ringlimit. Everything listens on
@@ -19,6 +21,8 @@
 #   BENCH_RATE_FRACTION [0.3]  paced latency run: this share of the floor's
 #                         calls/s for every setup (0 skips it)
 #   BENCH_RATE_SECONDS [5]  length of each paced run
+#   BENCH_CAPPED [1]      0 skips the capped scaling section; its own knobs
+#                         (BENCH_CPU_QUOTA [0.25], BENCH_CAP_*) are in bench-capped.sh
 #   BENCH_DATADIR [1]     0 skips the --data-dir save and restore of 1 M keys
 #   BENCH_MICRO [1]       0 skips the Go micro-benchmarks
 #   BENCH_COUNT [6]       -count of each micro-benchmark (benchstat wants >= 6)
@@ -35,6 +39,7 @@ CONNS=${BENCH_CONNS:-3}
 KEYS=${BENCH_KEYS:-10000}
 RATE_FRACTION=${BENCH_RATE_FRACTION:-0.3}
 RATE_SECONDS=${BENCH_RATE_SECONDS:-5}
+CAPPED=${BENCH_CAPPED:-1}
 DATADIR=${BENCH_DATADIR:-1}
 MICRO=${BENCH_MICRO:-1}
 COUNT=${BENCH_COUNT:-6}
@@ -74,54 +79,9 @@ stop_all() {
 trap 'stop_all' EXIT
 trap 'stop_all; exit 130' INT TERM
 
-# --- free ports on 127.0.0.1 -------------------------------------------------
-# Picked below the kernel's ephemeral range, so that no outgoing connection
-# (gRPC, gossip, the load tool's) holds one between the check and the bind.
-used=" "
-eph_lo=$(awk '{ print $1 }' /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo 32768)
-[ "${eph_lo:-0}" -gt 12000 ] || eph_lo=32768
-port_open() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-free_port() {
-	local p
-	for _ in $(seq 1 200); do
-		p=$((10000 + RANDOM % (eph_lo - 10000)))
-		case "$used" in *" $p "*) continue ;; esac
-		if ! port_open "$p"; then
-			used="$used$p "
-			echo "$p"
-			return 0
-		fi
-	done
-	echo "bench.sh: no free port found" >&2
-	return 1
-}
-
-# http_get HOST:PORT PATH prints the body of a plain HTTP/1.0 GET (no curl needed).
-http_get() {
-	local host=${1%:*} port=${1##*:}
-	(
-		exec 3<>"/dev/tcp/$host/$port" || exit 1
-		printf 'GET %s HTTP/1.0\r\nHost: %s\r\n\r\n' "$2" "$1" >&3
-		timeout 2 cat <&3 | sed '1,/^\r\{0,1\}$/d'
-	) 2>/dev/null
-}
-
-# wait_until SECONDS DESCRIPTION COMMAND...: bounded polling.
-wait_until() {
-	local secs=$1 what=$2
-	shift 2
-	local i
-	for i in $(seq 1 $((secs * 10))); do
-		if "$@"; then return 0; fi
-		sleep 0.1
-	done
-	echo "bench.sh: $what not ready after ${secs}s; logs in $OUT" >&2
-	return 1
-}
-
-ring_size() { http_get "$1" /debug/cluster | tr -d ' \n\r' | grep -o '"ring":\[[^]]*\]' | grep -o '"[^"]*"' | grep -vc '"ring"'; }
-ring_is() { [ "$(ring_size "$1")" = "$2" ]; }
-healthy() { http_get "$1" /healthcheck | grep -qx OK; }
+# --- free ports, HTTP GETs, bounded waits, readiness (deploy/local/bench-lib.sh)
+# shellcheck source=deploy/local/bench-lib.sh
+. deploy/local/bench-lib.sh
 
 # --- servers -----------------------------------------------------------------
 noop_grpc=127.0.0.1:$(free_port)
@@ -303,6 +263,19 @@ if [ ${#rate_reports[@]} -gt 0 ]; then
 	}' "$OUT/rate-table.txt" | tee -a "$OUT/rate-table.txt"
 fi
 
+# --- capped scaling: equal CPU per server process ------------------------------
+# Its own servers, cgroups and cleanup; it skips itself in one line without
+# root or a cpu controller. A hit over the limit fails it, and with it this
+# script, after the rest has run.
+capped_rc=0
+if [ "$CAPPED" != 0 ]; then
+	echo
+	set +e
+	deploy/local/bench-capped.sh "$BIN" "$OUT/capped" 2>&1 | tee "$OUT/capped.txt"
+	capped_rc=${PIPESTATUS[0]}
+	set -e
+fi
+
 # --- --data-dir: saving and restoring 1 M counters ---------------------------
 # The file goes under $OUT, on the disk the repository is on (a temporary
 # directory may be in memory, where fsync costs nothing).
@@ -365,4 +338,9 @@ if [ "$MICRO" != 0 ]; then
 		exit $rc
 	fi
 	echo "compare two runs with: benchstat old/micro.txt $OUT/micro.txt"
+fi
+
+if [ "$capped_rc" -ne 0 ]; then
+	echo "bench.sh: the capped scaling section failed (exit $capped_rc); see $OUT/capped.txt" >&2
+	exit "$capped_rc"
 fi
