@@ -211,12 +211,12 @@ echo "End to end on loopback, c=$C, $N calls per run, median of $ROUNDS runs (re
 echo "load after the run: $(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null)" | tee -a "$OUT/machine.txt"
 
 
-# Issue 5's targets, read off the table (columns: x floor = $4, p99 x = $8 after the label).
+# The targets of docs/performance.md, read off the table (columns: x floor = $4, p99 x = $8 after the label).
 awk -v one="one node" -v three="three nodes" -v hot="three nodes, 1 key" '
 	function num(s) { sub(/x$/, "", s); return s + 0 }
 	NR == 1 { next }
 	index($0, hot) == 1 {
-		# Issue 8: one hot key within 0.8x of the same load over many keys.
+		# One hot key within 0.8x of the same load over many keys.
 		if (spread > 0)
 			printf "target hot key >= 0.80x three nodes calls/s: %.2fx %s\n", $(NF - 7) / spread, ($(NF - 7) / spread >= 0.80 ? "met" : "MISSED")
 		next
