@@ -102,6 +102,7 @@ func TestSim(t *testing.T) {
 func runSeed(t *testing.T, opts Options) int {
 	var first *Result
 	var digests, diffs []string
+	replayViolations := 0 // in the runs after the first
 	wall := time.Now()
 	for i := range max(1, *flagRepeat) {
 		var res *Result
@@ -119,6 +120,7 @@ func runSeed(t *testing.T, opts Options) int {
 			first = res
 			continue
 		}
+		replayViolations += len(res.Violations)
 		calls, at, windows := first.Diff(res)
 		diffs = append(diffs, fmt.Sprintf("run %d: %d of %d calls answered otherwise (the first at %v), %d of %d windows counted otherwise",
 			i+1, calls, len(res.answers), at, windows, len(res.windows)))
@@ -145,7 +147,10 @@ func runSeed(t *testing.T, opts Options) int {
 		t.Logf("trace:\n%s", res.Trace)
 	}
 	if len(res.Violations) == 0 {
-		return 0
+		if replayViolations > 0 {
+			t.Errorf("seed %d: no violation in its first run, %d in its replays (digests above): replay it with -sim.repeat", opts.Seed, replayViolations)
+		}
+		return replayViolations
 	}
 	var b strings.Builder
 	for i, v := range res.Violations {
@@ -179,4 +184,28 @@ func runSeed(t *testing.T, opts Options) int {
 	t.Logf("replay: %s", replay)
 	fmt.Printf("seed %d: replay: %s\n", opts.Seed, replay)
 	return len(res.Violations)
+}
+
+// TestSimRestartInsideFailureDetection replays seed 99, whose owner is
+// killed and restarted within failure detection: its peers hold it suspect
+// but never drop it, and their replication to it backs off on the dead
+// process's errors. That backoff must end before the restarted node's join
+// relay does, or the node decides its keys from counts older than the
+// previous owner's (seed 99 allowed 53 at a limit of 38 in about half of
+// its runs when the backoff could reach 2 s).
+func TestSimRestartInsideFailureDetection(t *testing.T) {
+	if *flagSeeds > 0 || *flagSeed != 0 || *flagBreak != "" {
+		t.Skip("part of the short run only")
+	}
+	for run := range 4 {
+		synctest.Test(t, func(t *testing.T) {
+			res, err := Run(Options{Seed: 99})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, v := range res.Violations {
+				t.Errorf("run %d: %s", run+1, v.What)
+			}
+		})
+	}
 }

@@ -20,9 +20,13 @@ const (
 	// rpcTimeout bounds one Replicate RPC.
 	rpcTimeout = time.Second
 	// retryMin and retryMax bound the backoff before entries that
-	// failed to reach a destination are sent again.
+	// failed to reach a destination are sent again. retryMax stays far
+	// below the join relay (2 s): a peer killed and restarted within
+	// failure detection is never dropped from the ring, so the backoff
+	// its dead process earned is still running when the new one relays,
+	// and the copies it is owed must reach it before its relay ends.
 	retryMin = 50 * time.Millisecond
-	retryMax = 2 * time.Second
+	retryMax = 250 * time.Millisecond
 	// logEvery rate-limits the log line about dropped entries.
 	logEvery = 10 * time.Second
 )
