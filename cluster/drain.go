@@ -17,8 +17,13 @@ type drainState struct {
 	once bool // done is closed
 }
 
+// drainLeaseTimeout bounds how long a drain waits for the owners to take
+// back the quota this node's leases did not use.
+const drainLeaseTimeout = time.Second
+
 // Drain hands this node's counters off before it leaves (the lifecycle's
-// draining, leaving and left phases): it gossips the drain and stops
+// draining, leaving and left phases): it gives back the unused quota of its
+// leases and stops asking for more, gossips the drain and stops
 // replicating to itself, pushes every live key to its holders on the ring
 // without it, then relays every op it is still sent to the key's new owner,
 // ships the writes made since the push, announces a graceful leave and
@@ -36,6 +41,11 @@ func (n *Node) Drain(ctx context.Context) error {
 	}
 	n.mu.Unlock()
 	if first {
+		// The quota leased here goes back to the keys' owners first, and
+		// this node asks for no more: its hits are decided by the owners.
+		rctx, cancel := context.WithTimeout(ctx, drainLeaseTimeout)
+		n.fwd.ReturnLeases(rctx)
+		cancel()
 		n.post(event{Event: lifecycle.Event{Kind: lifecycle.DrainRequested}})
 	}
 	select {

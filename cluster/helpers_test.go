@@ -53,7 +53,8 @@ type nodeTestNode struct {
 }
 
 // testConfig is the NodeConfig of a test node: the LAN timing, as in
-// production (virtual time makes it no slower), with the test hooks.
+// production (virtual time makes it no slower), with the test hooks, and
+// no leases.
 func testConfig(tn *nodeTestNode, mc membership.Config) NodeConfig {
 	tn.leaveGate = make(chan struct{})
 	return NodeConfig{
@@ -62,6 +63,11 @@ func testConfig(tn *nodeTestNode, mc membership.Config) NodeConfig {
 		Timing:     LAN(),
 		Registerer: tn.reg,
 		Logger:     slog.New(tn.logs),
+		// The tests read the counts each node stores, which a lease
+		// raises by its whole quota when it is granted: leases are off
+		// here, and on in lease_test.go (tweak LeaseTTL to 0) and in the
+		// simulation.
+		LeaseTTL: -1,
 		hooks: &testHooks{beforeLeave: func() {
 			if tn.holdLeave.Load() {
 				<-tn.leaveGate

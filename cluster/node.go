@@ -65,6 +65,10 @@ type NodeConfig struct {
 	// Tracer, if set, traces forwarded decisions across the peers (see
 	// transport.ForwarderConfig.Tracer); nil turns tracing off.
 	Tracer trace.Tracer
+	// LeaseTTL is how long quota leases last at most (see
+	// transport.ForwarderConfig.LeaseTTL): 0 means DefaultLeaseTTL,
+	// negative turns leases off.
+	LeaseTTL time.Duration
 
 	// hooks are test hooks (nil in production).
 	hooks *testHooks
@@ -83,6 +87,9 @@ const (
 	DefaultReplicas = 2
 	// MaxReplicas bounds NodeConfig.Replicas.
 	MaxReplicas = wire.MaxReplicas
+	// DefaultLeaseTTL is how long a quota lease lasts at most by default
+	// (never past its window).
+	DefaultLeaseTTL = 30 * time.Second
 )
 
 // Node is this process's part of a ringlimit cluster. It wires its packages
@@ -201,6 +208,7 @@ func NewNode(cfg NodeConfig) (*Node, error) {
 		Registerer:  reg.orNil(),
 		Logger:      cfg.Logger,
 		Tracer:      cfg.Tracer,
+		LeaseTTL:    cmp.Or(cfg.LeaseTTL, DefaultLeaseTTL),
 	})
 	if err != nil {
 		reg.undo()

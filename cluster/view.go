@@ -147,6 +147,10 @@ func (n *Node) publish(st lifecycle.State, alive []membership.Member) {
 	}
 	changed := r != prev.ring
 	if changed {
+		// Releases of quota leased under the previous ring are refused
+		// from now on: the count they would lower may no longer be the
+		// one that decides.
+		n.fwd.NewLeaseEpoch()
 		n.rec.Adopt(n.clock.Now().UnixNano(), func(key []byte) bool {
 			id, ok := r.Owner(key)
 			return ok && id == n.self

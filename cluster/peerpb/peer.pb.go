@@ -134,7 +134,12 @@ type Op struct {
 	// forward span (8 bytes) and the W3C trace flags (1 byte), 25 bytes in
 	// all. Empty when the decision is not traced (tracing off, or not
 	// sampled); any other length refuses the batch.
-	Trace         []byte `protobuf:"bytes,8,opt,name=trace,proto3" json:"trace,omitempty"`
+	Trace []byte `protobuf:"bytes,8,opt,name=trace,proto3" json:"trace,omitempty"`
+	// lease asks the owner to lease this much of the key's remaining quota
+	// to the sender besides the hits, so that the sender decides the key's
+	// next hits itself (see Result.leased). Only fixed and sliding windows
+	// are leased; an owner that does not lease ignores it. 0 asks for none.
+	Lease         uint64 `protobuf:"varint,9,opt,name=lease,proto3" json:"lease,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -225,6 +230,13 @@ func (x *Op) GetTrace() []byte {
 	return nil
 }
 
+func (x *Op) GetLease() uint64 {
+	if x != nil {
+		return x.Lease
+	}
+	return 0
+}
+
 // DecideResponse answers a DecideRequest: results[i] for ops[i].
 type DecideResponse struct {
 	state   protoimpl.MessageState `protogen:"open.v1"`
@@ -309,7 +321,19 @@ type Result struct {
 	// remaining is requests - count when not over, else 0.
 	Remaining uint64 `protobuf:"varint,3,opt,name=remaining,proto3" json:"remaining,omitempty"`
 	// reset_after_ns is the time until the window ends, in nanoseconds.
-	ResetAfterNs  int64 `protobuf:"varint,4,opt,name=reset_after_ns,json=resetAfterNs,proto3" json:"reset_after_ns,omitempty"`
+	ResetAfterNs int64 `protobuf:"varint,4,opt,name=reset_after_ns,json=resetAfterNs,proto3" json:"reset_after_ns,omitempty"`
+	// leased is the quota the owner leased to the sender (Op.lease): it
+	// counted it as used right after the op's hits, in the same window,
+	// and replicates it like any count. 0 when it leased nothing.
+	Leased uint64 `protobuf:"varint,5,opt,name=leased,proto3" json:"leased,omitempty"`
+	// lease_ttl_ns is how long after the sender's call began the lease may
+	// be used: never past the end of the window it was counted in.
+	LeaseTtlNs int64 `protobuf:"varint,6,opt,name=lease_ttl_ns,json=leaseTtlNs,proto3" json:"lease_ttl_ns,omitempty"`
+	// lease_window_ns is the start of that window (Unix ns, the owner's
+	// clock), and lease_epoch the owner's lease epoch when it granted the
+	// lease: a release names both.
+	LeaseWindowNs int64  `protobuf:"varint,7,opt,name=lease_window_ns,json=leaseWindowNs,proto3" json:"lease_window_ns,omitempty"`
+	LeaseEpoch    uint64 `protobuf:"varint,8,opt,name=lease_epoch,json=leaseEpoch,proto3" json:"lease_epoch,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -372,6 +396,241 @@ func (x *Result) GetResetAfterNs() int64 {
 	return 0
 }
 
+func (x *Result) GetLeased() uint64 {
+	if x != nil {
+		return x.Leased
+	}
+	return 0
+}
+
+func (x *Result) GetLeaseTtlNs() int64 {
+	if x != nil {
+		return x.LeaseTtlNs
+	}
+	return 0
+}
+
+func (x *Result) GetLeaseWindowNs() int64 {
+	if x != nil {
+		return x.LeaseWindowNs
+	}
+	return 0
+}
+
+func (x *Result) GetLeaseEpoch() uint64 {
+	if x != nil {
+		return x.LeaseEpoch
+	}
+	return 0
+}
+
+// Release gives back unused leased quota to the owner that leased it.
+type Release struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// key, algorithm, requests, unit_ns and burst are the leased op's.
+	Key       []byte `protobuf:"bytes,1,opt,name=key,proto3" json:"key,omitempty"`
+	Algorithm uint32 `protobuf:"varint,2,opt,name=algorithm,proto3" json:"algorithm,omitempty"`
+	Requests  uint64 `protobuf:"varint,3,opt,name=requests,proto3" json:"requests,omitempty"`
+	UnitNs    int64  `protobuf:"varint,4,opt,name=unit_ns,json=unitNs,proto3" json:"unit_ns,omitempty"`
+	Burst     uint64 `protobuf:"varint,5,opt,name=burst,proto3" json:"burst,omitempty"`
+	// window_ns and epoch are the lease's (Result.lease_window_ns and
+	// Result.lease_epoch). The owner takes the quota back only while it
+	// still counts in that window and its lease epoch has not changed since
+	// (it changes when the owner restarts or its ring changes); otherwise the
+	// quota stays counted as used.
+	WindowNs int64  `protobuf:"varint,6,opt,name=window_ns,json=windowNs,proto3" json:"window_ns,omitempty"`
+	Epoch    uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
+	// hits is how much of the lease goes back, > 0.
+	Hits          uint64 `protobuf:"varint,8,opt,name=hits,proto3" json:"hits,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *Release) Reset() {
+	*x = Release{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[4]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *Release) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*Release) ProtoMessage() {}
+
+func (x *Release) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[4]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use Release.ProtoReflect.Descriptor instead.
+func (*Release) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{4}
+}
+
+func (x *Release) GetKey() []byte {
+	if x != nil {
+		return x.Key
+	}
+	return nil
+}
+
+func (x *Release) GetAlgorithm() uint32 {
+	if x != nil {
+		return x.Algorithm
+	}
+	return 0
+}
+
+func (x *Release) GetRequests() uint64 {
+	if x != nil {
+		return x.Requests
+	}
+	return 0
+}
+
+func (x *Release) GetUnitNs() int64 {
+	if x != nil {
+		return x.UnitNs
+	}
+	return 0
+}
+
+func (x *Release) GetBurst() uint64 {
+	if x != nil {
+		return x.Burst
+	}
+	return 0
+}
+
+func (x *Release) GetWindowNs() int64 {
+	if x != nil {
+		return x.WindowNs
+	}
+	return 0
+}
+
+func (x *Release) GetEpoch() uint64 {
+	if x != nil {
+		return x.Epoch
+	}
+	return 0
+}
+
+func (x *Release) GetHits() uint64 {
+	if x != nil {
+		return x.Hits
+	}
+	return 0
+}
+
+type ReleaseRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// from is the sender's node ID.
+	From string `protobuf:"bytes,1,opt,name=from,proto3" json:"from,omitempty"`
+	// releases, at most 4096.
+	Releases      []*Release `protobuf:"bytes,2,rep,name=releases,proto3" json:"releases,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseRequest) Reset() {
+	*x = ReleaseRequest{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[5]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseRequest) ProtoMessage() {}
+
+func (x *ReleaseRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[5]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseRequest.ProtoReflect.Descriptor instead.
+func (*ReleaseRequest) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{5}
+}
+
+func (x *ReleaseRequest) GetFrom() string {
+	if x != nil {
+		return x.From
+	}
+	return ""
+}
+
+func (x *ReleaseRequest) GetReleases() []*Release {
+	if x != nil {
+		return x.Releases
+	}
+	return nil
+}
+
+type ReleaseResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// taken is how many releases the owner took back.
+	Taken         uint32 `protobuf:"varint,1,opt,name=taken,proto3" json:"taken,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ReleaseResponse) Reset() {
+	*x = ReleaseResponse{}
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ReleaseResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ReleaseResponse) ProtoMessage() {}
+
+func (x *ReleaseResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ReleaseResponse.ProtoReflect.Descriptor instead.
+func (*ReleaseResponse) Descriptor() ([]byte, []int) {
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ReleaseResponse) GetTaken() uint32 {
+	if x != nil {
+		return x.Taken
+	}
+	return 0
+}
+
 // PingRequest checks that a peer answers.
 type PingRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -383,7 +642,7 @@ type PingRequest struct {
 
 func (x *PingRequest) Reset() {
 	*x = PingRequest{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[4]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -395,7 +654,7 @@ func (x *PingRequest) String() string {
 func (*PingRequest) ProtoMessage() {}
 
 func (x *PingRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[4]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -408,7 +667,7 @@ func (x *PingRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingRequest.ProtoReflect.Descriptor instead.
 func (*PingRequest) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{4}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *PingRequest) GetFrom() string {
@@ -430,7 +689,7 @@ type PingResponse struct {
 
 func (x *PingResponse) Reset() {
 	*x = PingResponse{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[5]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -442,7 +701,7 @@ func (x *PingResponse) String() string {
 func (*PingResponse) ProtoMessage() {}
 
 func (x *PingResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[5]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -455,7 +714,7 @@ func (x *PingResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use PingResponse.ProtoReflect.Descriptor instead.
 func (*PingResponse) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{5}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *PingResponse) GetId() string {
@@ -490,7 +749,7 @@ type Entry struct {
 
 func (x *Entry) Reset() {
 	*x = Entry{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[6]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -502,7 +761,7 @@ func (x *Entry) String() string {
 func (*Entry) ProtoMessage() {}
 
 func (x *Entry) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[6]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -515,7 +774,7 @@ func (x *Entry) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Entry.ProtoReflect.Descriptor instead.
 func (*Entry) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{6}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *Entry) GetKey() []byte {
@@ -580,7 +839,7 @@ type ReplicateRequest struct {
 
 func (x *ReplicateRequest) Reset() {
 	*x = ReplicateRequest{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[7]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -592,7 +851,7 @@ func (x *ReplicateRequest) String() string {
 func (*ReplicateRequest) ProtoMessage() {}
 
 func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[7]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -605,7 +864,7 @@ func (x *ReplicateRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateRequest.ProtoReflect.Descriptor instead.
 func (*ReplicateRequest) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{7}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *ReplicateRequest) GetFrom() string {
@@ -641,7 +900,7 @@ type ReplicateResponse struct {
 
 func (x *ReplicateResponse) Reset() {
 	*x = ReplicateResponse{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[8]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -653,7 +912,7 @@ func (x *ReplicateResponse) String() string {
 func (*ReplicateResponse) ProtoMessage() {}
 
 func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[8]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -666,7 +925,7 @@ func (x *ReplicateResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ReplicateResponse.ProtoReflect.Descriptor instead.
 func (*ReplicateResponse) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{8}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *ReplicateResponse) GetMerged() uint32 {
@@ -712,7 +971,7 @@ type SyncRequest struct {
 
 func (x *SyncRequest) Reset() {
 	*x = SyncRequest{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[9]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[12]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -724,7 +983,7 @@ func (x *SyncRequest) String() string {
 func (*SyncRequest) ProtoMessage() {}
 
 func (x *SyncRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[9]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[12]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -737,7 +996,7 @@ func (x *SyncRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncRequest.ProtoReflect.Descriptor instead.
 func (*SyncRequest) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{9}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{12}
 }
 
 func (x *SyncRequest) GetFrom() string {
@@ -765,7 +1024,7 @@ type SyncResponse struct {
 
 func (x *SyncResponse) Reset() {
 	*x = SyncResponse{}
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[10]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[13]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -777,7 +1036,7 @@ func (x *SyncResponse) String() string {
 func (*SyncResponse) ProtoMessage() {}
 
 func (x *SyncResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_cluster_peerpb_peer_proto_msgTypes[10]
+	mi := &file_cluster_peerpb_peer_proto_msgTypes[13]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -790,7 +1049,7 @@ func (x *SyncResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SyncResponse.ProtoReflect.Descriptor instead.
 func (*SyncResponse) Descriptor() ([]byte, []int) {
-	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{10}
+	return file_cluster_peerpb_peer_proto_rawDescGZIP(), []int{13}
 }
 
 func (x *SyncResponse) GetEntries() []*Entry {
@@ -810,7 +1069,7 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x03ops\x18\x02 \x03(\v2\x15.ringlimit.peer.v1.OpR\x03ops\x12\x1f\n" +
 	"\vdeadline_ns\x18\x03 \x01(\x03R\n" +
 	"deadlineNs\x12\x18\n" +
-	"\arelayed\x18\x04 \x01(\bR\arelayed\"\xbd\x01\n" +
+	"\arelayed\x18\x04 \x01(\bR\arelayed\"\xd3\x01\n" +
 	"\x02Op\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1a\n" +
@@ -819,17 +1078,38 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x04hits\x18\x05 \x01(\x04R\x04hits\x12\x12\n" +
 	"\x04mode\x18\x06 \x01(\rR\x04mode\x12\x14\n" +
 	"\x05burst\x18\a \x01(\x04R\x05burst\x12\x14\n" +
-	"\x05trace\x18\b \x01(\fR\x05trace\"\x87\x01\n" +
+	"\x05trace\x18\b \x01(\fR\x05trace\x12\x14\n" +
+	"\x05lease\x18\t \x01(\x04R\x05lease\"\x87\x01\n" +
 	"\x0eDecideResponse\x123\n" +
 	"\aresults\x18\x01 \x03(\v2\x19.ringlimit.peer.v1.ResultR\aresults\x12\x12\n" +
 	"\x04code\x18\x02 \x01(\rR\x04code\x12\x18\n" +
 	"\amessage\x18\x03 \x01(\tR\amessage\x12\x12\n" +
-	"\x04last\x18\x04 \x01(\bR\x04last\"v\n" +
+	"\x04last\x18\x04 \x01(\bR\x04last\"\xf9\x01\n" +
 	"\x06Result\x12\x12\n" +
 	"\x04over\x18\x01 \x01(\bR\x04over\x12\x14\n" +
 	"\x05count\x18\x02 \x01(\x04R\x05count\x12\x1c\n" +
 	"\tremaining\x18\x03 \x01(\x04R\tremaining\x12$\n" +
-	"\x0ereset_after_ns\x18\x04 \x01(\x03R\fresetAfterNs\"!\n" +
+	"\x0ereset_after_ns\x18\x04 \x01(\x03R\fresetAfterNs\x12\x16\n" +
+	"\x06leased\x18\x05 \x01(\x04R\x06leased\x12 \n" +
+	"\flease_ttl_ns\x18\x06 \x01(\x03R\n" +
+	"leaseTtlNs\x12&\n" +
+	"\x0flease_window_ns\x18\a \x01(\x03R\rleaseWindowNs\x12\x1f\n" +
+	"\vlease_epoch\x18\b \x01(\x04R\n" +
+	"leaseEpoch\"\xcb\x01\n" +
+	"\aRelease\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
+	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1a\n" +
+	"\brequests\x18\x03 \x01(\x04R\brequests\x12\x17\n" +
+	"\aunit_ns\x18\x04 \x01(\x03R\x06unitNs\x12\x14\n" +
+	"\x05burst\x18\x05 \x01(\x04R\x05burst\x12\x1b\n" +
+	"\twindow_ns\x18\x06 \x01(\x03R\bwindowNs\x12\x14\n" +
+	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x12\n" +
+	"\x04hits\x18\b \x01(\x04R\x04hits\"\\\n" +
+	"\x0eReleaseRequest\x12\x12\n" +
+	"\x04from\x18\x01 \x01(\tR\x04from\x126\n" +
+	"\breleases\x18\x02 \x03(\v2\x1a.ringlimit.peer.v1.ReleaseR\breleases\"'\n" +
+	"\x0fReleaseResponse\x12\x14\n" +
+	"\x05taken\x18\x01 \x01(\rR\x05taken\"!\n" +
 	"\vPingRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\"\x1e\n" +
 	"\fPingResponse\x12\x0e\n" +
@@ -854,14 +1134,15 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x12\x1a\n" +
 	"\breplicas\x18\x02 \x01(\rR\breplicas\"B\n" +
 	"\fSyncResponse\x122\n" +
-	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\xfc\x03\n" +
+	"\aentries\x18\x01 \x03(\v2\x18.ringlimit.peer.v1.EntryR\aentries2\xce\x04\n" +
 	"\x04Peer\x12M\n" +
 	"\x06Decide\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse\x12W\n" +
 	"\fDecideStream\x12 .ringlimit.peer.v1.DecideRequest\x1a!.ringlimit.peer.v1.DecideResponse(\x010\x01\x12G\n" +
 	"\x04Ping\x12\x1e.ringlimit.peer.v1.PingRequest\x1a\x1f.ringlimit.peer.v1.PingResponse\x12V\n" +
 	"\tReplicate\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse\x12`\n" +
 	"\x0fReplicateStream\x12#.ringlimit.peer.v1.ReplicateRequest\x1a$.ringlimit.peer.v1.ReplicateResponse(\x010\x01\x12I\n" +
-	"\x04Sync\x12\x1e.ringlimit.peer.v1.SyncRequest\x1a\x1f.ringlimit.peer.v1.SyncResponse0\x01B/Z-github.com/ringlimit/ringlimit/cluster/peerpbb\x06proto3"
+	"\x04Sync\x12\x1e.ringlimit.peer.v1.SyncRequest\x1a\x1f.ringlimit.peer.v1.SyncResponse0\x01\x12P\n" +
+	"\aRelease\x12!.ringlimit.peer.v1.ReleaseRequest\x1a\".ringlimit.peer.v1.ReleaseResponseB/Z-github.com/ringlimit/ringlimit/cluster/peerpbb\x06proto3"
 
 var (
 	file_cluster_peerpb_peer_proto_rawDescOnce sync.Once
@@ -875,42 +1156,48 @@ func file_cluster_peerpb_peer_proto_rawDescGZIP() []byte {
 	return file_cluster_peerpb_peer_proto_rawDescData
 }
 
-var file_cluster_peerpb_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 11)
+var file_cluster_peerpb_peer_proto_msgTypes = make([]protoimpl.MessageInfo, 14)
 var file_cluster_peerpb_peer_proto_goTypes = []any{
 	(*DecideRequest)(nil),     // 0: ringlimit.peer.v1.DecideRequest
 	(*Op)(nil),                // 1: ringlimit.peer.v1.Op
 	(*DecideResponse)(nil),    // 2: ringlimit.peer.v1.DecideResponse
 	(*Result)(nil),            // 3: ringlimit.peer.v1.Result
-	(*PingRequest)(nil),       // 4: ringlimit.peer.v1.PingRequest
-	(*PingResponse)(nil),      // 5: ringlimit.peer.v1.PingResponse
-	(*Entry)(nil),             // 6: ringlimit.peer.v1.Entry
-	(*ReplicateRequest)(nil),  // 7: ringlimit.peer.v1.ReplicateRequest
-	(*ReplicateResponse)(nil), // 8: ringlimit.peer.v1.ReplicateResponse
-	(*SyncRequest)(nil),       // 9: ringlimit.peer.v1.SyncRequest
-	(*SyncResponse)(nil),      // 10: ringlimit.peer.v1.SyncResponse
+	(*Release)(nil),           // 4: ringlimit.peer.v1.Release
+	(*ReleaseRequest)(nil),    // 5: ringlimit.peer.v1.ReleaseRequest
+	(*ReleaseResponse)(nil),   // 6: ringlimit.peer.v1.ReleaseResponse
+	(*PingRequest)(nil),       // 7: ringlimit.peer.v1.PingRequest
+	(*PingResponse)(nil),      // 8: ringlimit.peer.v1.PingResponse
+	(*Entry)(nil),             // 9: ringlimit.peer.v1.Entry
+	(*ReplicateRequest)(nil),  // 10: ringlimit.peer.v1.ReplicateRequest
+	(*ReplicateResponse)(nil), // 11: ringlimit.peer.v1.ReplicateResponse
+	(*SyncRequest)(nil),       // 12: ringlimit.peer.v1.SyncRequest
+	(*SyncResponse)(nil),      // 13: ringlimit.peer.v1.SyncResponse
 }
 var file_cluster_peerpb_peer_proto_depIdxs = []int32{
 	1,  // 0: ringlimit.peer.v1.DecideRequest.ops:type_name -> ringlimit.peer.v1.Op
 	3,  // 1: ringlimit.peer.v1.DecideResponse.results:type_name -> ringlimit.peer.v1.Result
-	6,  // 2: ringlimit.peer.v1.ReplicateRequest.entries:type_name -> ringlimit.peer.v1.Entry
-	6,  // 3: ringlimit.peer.v1.SyncResponse.entries:type_name -> ringlimit.peer.v1.Entry
-	0,  // 4: ringlimit.peer.v1.Peer.Decide:input_type -> ringlimit.peer.v1.DecideRequest
-	0,  // 5: ringlimit.peer.v1.Peer.DecideStream:input_type -> ringlimit.peer.v1.DecideRequest
-	4,  // 6: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
-	7,  // 7: ringlimit.peer.v1.Peer.Replicate:input_type -> ringlimit.peer.v1.ReplicateRequest
-	7,  // 8: ringlimit.peer.v1.Peer.ReplicateStream:input_type -> ringlimit.peer.v1.ReplicateRequest
-	9,  // 9: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
-	2,  // 10: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
-	2,  // 11: ringlimit.peer.v1.Peer.DecideStream:output_type -> ringlimit.peer.v1.DecideResponse
-	5,  // 12: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
-	8,  // 13: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
-	8,  // 14: ringlimit.peer.v1.Peer.ReplicateStream:output_type -> ringlimit.peer.v1.ReplicateResponse
-	10, // 15: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
-	10, // [10:16] is the sub-list for method output_type
-	4,  // [4:10] is the sub-list for method input_type
-	4,  // [4:4] is the sub-list for extension type_name
-	4,  // [4:4] is the sub-list for extension extendee
-	0,  // [0:4] is the sub-list for field type_name
+	4,  // 2: ringlimit.peer.v1.ReleaseRequest.releases:type_name -> ringlimit.peer.v1.Release
+	9,  // 3: ringlimit.peer.v1.ReplicateRequest.entries:type_name -> ringlimit.peer.v1.Entry
+	9,  // 4: ringlimit.peer.v1.SyncResponse.entries:type_name -> ringlimit.peer.v1.Entry
+	0,  // 5: ringlimit.peer.v1.Peer.Decide:input_type -> ringlimit.peer.v1.DecideRequest
+	0,  // 6: ringlimit.peer.v1.Peer.DecideStream:input_type -> ringlimit.peer.v1.DecideRequest
+	7,  // 7: ringlimit.peer.v1.Peer.Ping:input_type -> ringlimit.peer.v1.PingRequest
+	10, // 8: ringlimit.peer.v1.Peer.Replicate:input_type -> ringlimit.peer.v1.ReplicateRequest
+	10, // 9: ringlimit.peer.v1.Peer.ReplicateStream:input_type -> ringlimit.peer.v1.ReplicateRequest
+	12, // 10: ringlimit.peer.v1.Peer.Sync:input_type -> ringlimit.peer.v1.SyncRequest
+	5,  // 11: ringlimit.peer.v1.Peer.Release:input_type -> ringlimit.peer.v1.ReleaseRequest
+	2,  // 12: ringlimit.peer.v1.Peer.Decide:output_type -> ringlimit.peer.v1.DecideResponse
+	2,  // 13: ringlimit.peer.v1.Peer.DecideStream:output_type -> ringlimit.peer.v1.DecideResponse
+	8,  // 14: ringlimit.peer.v1.Peer.Ping:output_type -> ringlimit.peer.v1.PingResponse
+	11, // 15: ringlimit.peer.v1.Peer.Replicate:output_type -> ringlimit.peer.v1.ReplicateResponse
+	11, // 16: ringlimit.peer.v1.Peer.ReplicateStream:output_type -> ringlimit.peer.v1.ReplicateResponse
+	13, // 17: ringlimit.peer.v1.Peer.Sync:output_type -> ringlimit.peer.v1.SyncResponse
+	6,  // 18: ringlimit.peer.v1.Peer.Release:output_type -> ringlimit.peer.v1.ReleaseResponse
+	12, // [12:19] is the sub-list for method output_type
+	5,  // [5:12] is the sub-list for method input_type
+	5,  // [5:5] is the sub-list for extension type_name
+	5,  // [5:5] is the sub-list for extension extendee
+	0,  // [0:5] is the sub-list for field type_name
 }
 
 func init() { file_cluster_peerpb_peer_proto_init() }
@@ -924,7 +1211,7 @@ func file_cluster_peerpb_peer_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_cluster_peerpb_peer_proto_rawDesc), len(file_cluster_peerpb_peer_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   11,
+			NumMessages:   14,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

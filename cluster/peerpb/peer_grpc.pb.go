@@ -34,6 +34,7 @@ const (
 	Peer_Replicate_FullMethodName       = "/ringlimit.peer.v1.Peer/Replicate"
 	Peer_ReplicateStream_FullMethodName = "/ringlimit.peer.v1.Peer/ReplicateStream"
 	Peer_Sync_FullMethodName            = "/ringlimit.peer.v1.Peer/Sync"
+	Peer_Release_FullMethodName         = "/ringlimit.peer.v1.Peer/Release"
 )
 
 // PeerClient is the client API for Peer service.
@@ -87,6 +88,9 @@ type PeerClient interface {
 	// node calls it on every ready peer and merges what it receives before it
 	// declares itself ready. An invalid request fails with INVALID_ARGUMENT.
 	Sync(ctx context.Context, in *SyncRequest, opts ...grpc.CallOption) (grpc.ServerStreamingClient[SyncResponse], error)
+	// Release gives back unused leased quota (see Op.lease). An owner that
+	// does not serve it answers UNIMPLEMENTED and the quota stays used.
+	Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error)
 }
 
 type peerClient struct {
@@ -172,6 +176,16 @@ func (c *peerClient) Sync(ctx context.Context, in *SyncRequest, opts ...grpc.Cal
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_SyncClient = grpc.ServerStreamingClient[SyncResponse]
 
+func (c *peerClient) Release(ctx context.Context, in *ReleaseRequest, opts ...grpc.CallOption) (*ReleaseResponse, error) {
+	cOpts := append([]grpc.CallOption{grpc.StaticMethod()}, opts...)
+	out := new(ReleaseResponse)
+	err := c.cc.Invoke(ctx, Peer_Release_FullMethodName, in, out, cOpts...)
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
 // PeerServer is the server API for Peer service.
 // All implementations must embed UnimplementedPeerServer
 // for forward compatibility.
@@ -223,6 +237,9 @@ type PeerServer interface {
 	// node calls it on every ready peer and merges what it receives before it
 	// declares itself ready. An invalid request fails with INVALID_ARGUMENT.
 	Sync(*SyncRequest, grpc.ServerStreamingServer[SyncResponse]) error
+	// Release gives back unused leased quota (see Op.lease). An owner that
+	// does not serve it answers UNIMPLEMENTED and the quota stays used.
+	Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error)
 	mustEmbedUnimplementedPeerServer()
 }
 
@@ -250,6 +267,9 @@ func (UnimplementedPeerServer) ReplicateStream(grpc.BidiStreamingServer[Replicat
 }
 func (UnimplementedPeerServer) Sync(*SyncRequest, grpc.ServerStreamingServer[SyncResponse]) error {
 	return status.Errorf(codes.Unimplemented, "method Sync not implemented")
+}
+func (UnimplementedPeerServer) Release(context.Context, *ReleaseRequest) (*ReleaseResponse, error) {
+	return nil, status.Errorf(codes.Unimplemented, "method Release not implemented")
 }
 func (UnimplementedPeerServer) mustEmbedUnimplementedPeerServer() {}
 func (UnimplementedPeerServer) testEmbeddedByValue()              {}
@@ -351,6 +371,24 @@ func _Peer_Sync_Handler(srv interface{}, stream grpc.ServerStream) error {
 // This type alias is provided for backwards compatibility with existing code that references the prior non-generic stream type by name.
 type Peer_SyncServer = grpc.ServerStreamingServer[SyncResponse]
 
+func _Peer_Release_Handler(srv interface{}, ctx context.Context, dec func(interface{}) error, interceptor grpc.UnaryServerInterceptor) (interface{}, error) {
+	in := new(ReleaseRequest)
+	if err := dec(in); err != nil {
+		return nil, err
+	}
+	if interceptor == nil {
+		return srv.(PeerServer).Release(ctx, in)
+	}
+	info := &grpc.UnaryServerInfo{
+		Server:     srv,
+		FullMethod: Peer_Release_FullMethodName,
+	}
+	handler := func(ctx context.Context, req interface{}) (interface{}, error) {
+		return srv.(PeerServer).Release(ctx, req.(*ReleaseRequest))
+	}
+	return interceptor(ctx, in, info, handler)
+}
+
 // Peer_ServiceDesc is the grpc.ServiceDesc for Peer service.
 // It's only intended for direct use with grpc.RegisterService,
 // and not to be introspected or modified (even as a copy)
@@ -369,6 +407,10 @@ var Peer_ServiceDesc = grpc.ServiceDesc{
 		{
 			MethodName: "Replicate",
 			Handler:    _Peer_Replicate_Handler,
+		},
+		{
+			MethodName: "Release",
+			Handler:    _Peer_Release_Handler,
 		},
 	},
 	Streams: []grpc.StreamDesc{

@@ -120,6 +120,13 @@ func (s *Recorder) ApplyInstead(now int64, op *bucket.Op) bucket.Result {
 	return s.Apply(now, op)
 }
 
+// Release implements transport.Releaser: unused leased quota goes back to
+// the store. It is not recorded: the replicas keep the count that included
+// the lease, which only refuses earlier should they take over.
+func (s *Recorder) Release(now int64, key []byte, lim bucket.Limit, window int64, hits uint64) bool {
+	return s.store.Release(now, key, lim, window, hits)
+}
+
 // Apply implements transport.Applier. It allocates nothing once the log's
 // buffers have grown to their steady-state size.
 func (s *Recorder) Apply(now int64, op *bucket.Op) bucket.Result {

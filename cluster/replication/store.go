@@ -19,6 +19,9 @@ type Store interface {
 	Range(now int64, fn func(key []byte, st bucket.State) bool)
 	// Get returns key's live state at now, if any (see bucket.Store.Get).
 	Get(now int64, key []byte) (bucket.State, bool)
+	// Release takes back leased hits still counted in window (see
+	// bucket.Store.Release). It must not retain key.
+	Release(now int64, key []byte, lim bucket.Limit, window int64, hits uint64) bool
 }
 
 // Conns gives the Peer client of a peer: its connection, which belongs to

@@ -33,7 +33,12 @@ import (
 // flight), so the ops from an op whose key is already forwarded in this
 // call onwards are sent in a next round, once the previous round is
 // answered, within the same wait.
+//
+// With leases on (ForwarderConfig.LeaseTTL), an op for a key another node
+// owns is decided here when this node holds a lease on the key that covers
+// it (lease.go), and a forwarded op asks its owner for one.
 func (f *Forwarder) Apply(ctx context.Context, now int64, ops []bucket.Op, results []bucket.Result) {
+	f.m.decisions.Add(float64(len(ops)))
 	f.apply(ctx, now, ops, results, f.waitFor(ctx), false)
 }
 
@@ -92,11 +97,19 @@ func (f *Forwarder) round(ctx context.Context, now, deadline int64, ops []bucket
 				continue
 			}
 			f.m.rerouted.Inc()
-		} else if f.ac != nil {
-			if r, over := f.ac.OverUntil(now, op); over {
-				results[i] = r
-				f.m.overLocal.Inc()
-				continue
+		} else {
+			if !relayed {
+				if r, ok := f.leased(now, op); ok {
+					results[i] = r
+					continue
+				}
+			}
+			if f.ac != nil {
+				if r, over := f.ac.OverUntil(now, op); over {
+					results[i] = r
+					f.m.overLocal.Inc()
+					continue
+				}
 			}
 		}
 		if peers == nil {
@@ -147,11 +160,16 @@ func (f *Forwarder) round(ctx context.Context, now, deadline int64, ops []bucket
 			req.deadline, req.wait, req.relayed = deadline, wait, relayed
 		}
 		it := req.add(i, p, op)
+		it.now = now
+		if !relayed && p.id == id { // the owner itself, not a stand-in
+			it.want, it.slot = f.leaseWant(now, op)
+		}
 		if f.tracer != nil {
 			f.startForward(ctx, it)
 		}
 		if ok, closed := p.enqueue(it); !ok {
 			it.endForward(outcomeNotSent, bucket.Result{}, nil)
+			f.leaseAnswered(it, nil)
 			req.unadd()
 			if closed {
 				f.fallback(now, op, &results[i], f.m.fbUnknown)
@@ -238,7 +256,13 @@ func (f *Forwarder) wait(ctx context.Context, now int64, req *fwdRequest, ops []
 		it.endForward(outcomeAnswered, it.res, nil)
 		results[i] = it.res
 		if ac != nil {
-			ac.Remember(now, &ops[i], it.res)
+			r := it.res
+			if it.leased > 0 {
+				// The owner's count includes the quota it leased here.
+				r.Count += it.leased
+				r.Remaining -= min(r.Remaining, it.leased)
+			}
+			ac.Remember(now, &ops[i], r)
 		}
 		forwarded++
 	}

@@ -12,6 +12,7 @@ package transport
 
 import (
 	"cmp"
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -28,6 +29,7 @@ import (
 	"google.golang.org/grpc/keepalive"
 
 	"github.com/ringlimit/ringlimit/cluster/clock"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/cluster/wire"
 )
 
@@ -120,6 +122,12 @@ type ForwarderConfig struct {
 	// the ops peers send here with a trace context (trace.go). Nil turns
 	// tracing off at no cost.
 	Tracer trace.Tracer
+	// LeaseTTL, when > 0, turns quota leases on (lease.go): this node asks
+	// the owners of the keys it forwards for leases and decides their hits
+	// from them for up to LeaseTTL (never past their window), and grants
+	// leases to peers that ask for the keys it owns. 0 or negative: no
+	// leases, asked or granted.
+	LeaseTTL time.Duration
 }
 
 // Forwarder decides ops at their owners. It is the client side of the Peer
@@ -157,6 +165,16 @@ type Forwarder struct {
 
 	mu     sync.Mutex // serialises SetPeers and Close
 	closed bool
+
+	// Quota leases (lease.go); leases is nil when they are off.
+	leases     *leaseTable
+	leaseTTL   time.Duration
+	leasesOff  atomic.Bool   // set by ReturnLeases: ask for no more
+	leaseEpoch atomic.Uint64 // see NewLeaseEpoch
+	relMu      sync.Mutex
+	rel        map[string][]*peerpb.Release // queued releases by owner
+	leaseStop  chan struct{}                // closed by Close; nil until started
+	leaseWG    sync.WaitGroup
 }
 
 // NewForwarder checks cfg, applies its defaults and registers the metrics.
@@ -230,6 +248,10 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 		return nil, err
 	}
 	f.reqs.New = func() any { return newFwdRequest(f.clock) }
+	if cfg.LeaseTTL > 0 {
+		f.leases, f.leaseTTL = newLeaseTable(), cfg.LeaseTTL
+	}
+	f.leaseEpoch.Store(newLeaseEpoch())
 	empty := map[string]*peerClient{}
 	f.peers.Store(&empty)
 	return f, nil
@@ -240,8 +262,9 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 // (a Sync) dials with them too. The slice is the caller's.
 func (f *Forwarder) DialOptions() []grpc.DialOption { return slices.Clone(f.dialOpts) }
 
-// Close stops every peer client: it cancels their RPCs, joins their
-// goroutines and closes their connections. Ops still queued fall back.
+// Close gives back the unused quota of this node's leases (within
+// leaseCloseTimeout), then stops every peer client: it cancels their RPCs,
+// joins their goroutines and closes their connections. Ops still queued fall back.
 // Apply keeps working after Close, deciding every op locally. Close is
 // idempotent. The metrics stay registered.
 func (f *Forwarder) Close() error {
@@ -250,11 +273,26 @@ func (f *Forwarder) Close() error {
 		f.mu.Unlock()
 		return nil
 	}
+	f.mu.Unlock()
+	if f.leases != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), leaseCloseTimeout)
+		f.ReturnLeases(ctx)
+		cancel()
+	}
+	f.mu.Lock()
+	if f.closed {
+		f.mu.Unlock()
+		return nil
+	}
 	f.closed = true
+	if f.leaseStop != nil {
+		close(f.leaseStop)
+	}
 	old := *f.peers.Load()
 	empty := map[string]*peerClient{}
 	f.peers.Store(&empty)
 	f.mu.Unlock()
+	f.leaseWG.Wait()
 	var errs []error
 	for _, p := range old {
 		if err := p.close(); err != nil {

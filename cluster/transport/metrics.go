@@ -25,6 +25,26 @@ type fwdMetrics struct {
 	rerouted    prometheus.Counter
 	overLocal   prometheus.Counter
 	relayed     prometheus.Counter
+
+	// Quota leases (lease.go). decisions counts every op Apply decides;
+	// leases and leaseHits what this node holds as an entry node (by
+	// event), leaseGrants, leaseGranted and releases what it grants as an
+	// owner.
+	decisions    prometheus.Counter
+	leasesVec    *prometheus.CounterVec
+	leases       leaseEvents
+	leaseHitsVec *prometheus.CounterVec
+	leaseHits    leaseEvents
+	leaseGrants  prometheus.Counter
+	leaseGranted prometheus.Counter
+	releasesVec  *prometheus.CounterVec
+	releases     struct{ taken, refused prometheus.Counter }
+}
+
+// leaseEvents are a lease counter's children, curried once. used is only
+// set for hits.
+type leaseEvents struct {
+	granted, used, returned, expired prometheus.Counter
 }
 
 func newFwdMetrics(maxBatch int) fwdMetrics {
@@ -68,6 +88,36 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 		Name: "ringlimit_rerouted_decisions_total",
 		Help: "Decisions for keys whose owner was suspect or unknown, sent to (or taken by) the key's first healthy replica instead.",
 	})
+	m.decisions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_decisions_total",
+		Help: "Decisions this node made for its callers, wherever they were taken. 1 - ringlimit_forwarded_decisions_total / this is the share taken at this node.",
+	})
+	m.leasesVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ringlimit_leases_total",
+		Help: "Quota leases this node held as an entry node, by event: granted (by a key's owner), returned (ended with unused quota the owner took back), expired (ended with unused quota that stayed counted as used).",
+	}, []string{"event"})
+	m.leaseHitsVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ringlimit_leased_hits_total",
+		Help: "Quota in hits of the leases this node held as an entry node, by event: granted, used (hits decided here from a lease), returned, expired.",
+	}, []string{"event"})
+	m.leases = leaseEvents{granted: m.leasesVec.WithLabelValues("granted"),
+		returned: m.leasesVec.WithLabelValues("returned"), expired: m.leasesVec.WithLabelValues("expired")}
+	m.leaseHits = leaseEvents{granted: m.leaseHitsVec.WithLabelValues("granted"), used: m.leaseHitsVec.WithLabelValues("used"),
+		returned: m.leaseHitsVec.WithLabelValues("returned"), expired: m.leaseHitsVec.WithLabelValues("expired")}
+	m.leaseGrants = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_lease_grants_total",
+		Help: "Quota leases this node granted to peers for keys it owns.",
+	})
+	m.leaseGranted = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_lease_granted_hits_total",
+		Help: "Quota in hits this node leased to peers for keys it owns (counted as used when granted).",
+	})
+	m.releasesVec = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "ringlimit_lease_releases_total",
+		Help: "Releases of unused leased quota peers sent this node, by result: taken (given back to the key's counter) or refused (granted under an earlier lease epoch, or its window is over: the quota stays used).",
+	}, []string{"result"})
+	m.releases.taken = m.releasesVec.WithLabelValues("taken")
+	m.releases.refused = m.releasesVec.WithLabelValues("refused")
 	m.fbTimeout = m.fallbacks.WithLabelValues("timeout")
 	m.fbError = m.fallbacks.WithLabelValues("error")
 	m.fbSuspect = m.fallbacks.WithLabelValues("suspect")
@@ -77,7 +127,8 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 
 // collectors lists every metric.
 func (m fwdMetrics) collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal, m.relayed}
+	return []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal, m.relayed,
+		m.decisions, m.leasesVec, m.leaseHitsVec, m.leaseGrants, m.leaseGranted, m.releasesVec}
 }
 
 // register registers every metric on r, or none of them.

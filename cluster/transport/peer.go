@@ -109,6 +109,7 @@ func (p *peerClient) failQueued() {
 	for {
 		select {
 		case it := <-p.queue:
+			p.f.leaseAnswered(it, nil)
 			it.complete(bucket.Result{}, errPeerClosed)
 		default:
 			return
@@ -221,6 +222,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 	b.req.Relayed = len(b.batch) > 0 && b.batch[0].relayed
 	for _, it := range b.batch {
 		if it.state.Load() == fwdAbandoned {
+			p.f.leaseAnswered(it, nil)
 			continue // its waiter has decided it already: do not count it twice
 		}
 		o := &b.ops[len(live)]
@@ -231,6 +233,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 		o.Hits = it.op.Hits
 		o.Mode = uint32(it.op.Mode)
 		o.Burst = it.op.Limit.Burst
+		o.Lease = it.want
 		o.Trace = nil
 		if it.traced {
 			o.Trace = it.trace[:]
@@ -268,6 +271,7 @@ func (p *peerClient) decide(b *peerSendBuf) {
 			}
 		}
 		for _, it := range live {
+			p.f.leaseAnswered(it, nil)
 			it.complete(bucket.Result{}, err)
 		}
 		return
@@ -275,6 +279,10 @@ func (p *peerClient) decide(b *peerSendBuf) {
 	inTime := false
 	for i, it := range live {
 		r := resp.Results[i]
+		if it.slot != nil {
+			it.leased = r.GetLeased()
+			p.f.leaseAnswered(it, r)
+		}
 		inTime = it.complete(bucket.Result{
 			Over:       r.GetOver(),
 			Count:      r.GetCount(),

@@ -49,6 +49,9 @@ func (f *Forwarder) setPeers(peers map[string]string, prune bool) {
 		next[id] = p
 	}
 	f.peers.Store(&next)
+	if len(next) > 0 {
+		f.startLeasesLocked()
+	}
 	for id, p := range old {
 		if next[id] != p {
 			f.log.Info("transport: peer removed", "peer", id, "addr", p.addr)

@@ -60,6 +60,7 @@ func (r *fwdRequest) add(index int, p *peerClient, op *bucket.Op) *fwdItem {
 	it.err = nil
 	it.res = bucket.Result{}
 	it.span, it.traced = nil, false
+	it.want, it.slot, it.leased = 0, nil, 0
 	it.key = append(it.key[:0], op.Key...)
 	it.op = *op
 	it.op.Key = it.key
@@ -91,6 +92,7 @@ func (r *fwdRequest) release() {
 		it.peer = nil
 		it.err = nil
 		it.span = nil
+		it.slot = nil
 	}
 	r.n = 0
 }
@@ -117,6 +119,14 @@ type fwdItem struct {
 	span   trace.Span
 	trace  wireTrace
 	traced bool
+	// Quota leases (lease.go): now is when the caller's call began (entry
+	// clock, Unix ns); want is the quota the op asks its owner to lease
+	// (0: none), and slot takes the answer, in the sender; leased is what
+	// the owner granted, for the waiter's answer cache.
+	now    int64
+	want   uint64
+	slot   *leaseSlot
+	leased uint64
 }
 
 // complete hands the owner's answer (or err) to the waiter, unless it gave

@@ -149,6 +149,9 @@ func (s *peerServer) decide(ctx context.Context, req *peerpb.DecideRequest, out 
 			endDecide(span, r)
 		}
 		setPeerResult(pr, r)
+		if want := o.GetLease(); want > 0 {
+			s.f.grant(now, &op, want, r, pr)
+		}
 		out.Results = append(out.Results, pr)
 	}
 	return nil
@@ -296,4 +299,33 @@ func (s *peerServer) Sync(req *peerpb.SyncRequest, stream grpc.ServerStreamingSe
 		return peerStatus(err)
 	}
 	return nil
+}
+
+// Release takes back the unused quota of leases this node granted (see
+// Forwarder.grant): each release whose epoch is this node's current lease
+// epoch gives its hits back to the key's counter, if it still counts in
+// the lease's window. The others change nothing: their quota stays used.
+// A node that is not serving, or has no Releaser, takes nothing back.
+func (s *peerServer) Release(ctx context.Context, req *peerpb.ReleaseRequest) (*peerpb.ReleaseResponse, error) {
+	rs := req.GetReleases()
+	if err := peerValidateReleases(rs); err != nil {
+		return nil, peerStatus(err)
+	}
+	rel, ok := s.f.local.(Releaser)
+	if !ok || !s.f.serving() {
+		s.f.m.releases.refused.Add(float64(len(rs)))
+		return &peerpb.ReleaseResponse{}, nil
+	}
+	now := s.f.clock.Now().UnixNano()
+	epoch := s.f.leaseEpoch.Load()
+	taken := 0
+	for _, r := range rs {
+		lim := bucket.Limit{Algorithm: bucket.Algorithm(r.GetAlgorithm()), Requests: r.GetRequests(), Unit: r.GetUnitNs(), Burst: r.GetBurst()}
+		if r.GetEpoch() == epoch && rel.Release(now, r.GetKey(), lim, r.GetWindowNs(), r.GetHits()) {
+			taken++
+		}
+	}
+	s.f.m.releases.taken.Add(float64(taken))
+	s.f.m.releases.refused.Add(float64(len(rs) - taken))
+	return &peerpb.ReleaseResponse{Taken: uint32(taken)}, nil
 }

@@ -85,6 +85,29 @@ func peerValidateOp(op *bucket.Op) error {
 	return op.Limit.Validate()
 }
 
+// peerValidateReleases checks every release of a Release request.
+func peerValidateReleases(rs []*peerpb.Release) error {
+	if len(rs) > peerMaxOps {
+		return fmt.Errorf("%w: %d releases, more than %d", wire.ErrInvalid, len(rs), peerMaxOps)
+	}
+	for i, r := range rs {
+		switch {
+		case r == nil:
+			return fmt.Errorf("%w: release %d: missing", wire.ErrInvalid, i)
+		case r.GetAlgorithm() > 0xff:
+			return fmt.Errorf("%w: release %d: unknown algorithm %d", wire.ErrInvalid, i, r.GetAlgorithm())
+		case r.GetHits() == 0:
+			return fmt.Errorf("%w: release %d: no hits", wire.ErrInvalid, i)
+		}
+		op := bucket.Op{Key: r.GetKey(), Limit: bucket.Limit{Algorithm: bucket.Algorithm(r.GetAlgorithm()),
+			Requests: r.GetRequests(), Unit: r.GetUnitNs(), Burst: r.GetBurst()}, Hits: r.GetHits()}
+		if err := peerValidateOp(&op); err != nil {
+			return fmt.Errorf("%w: release %d: %w", wire.ErrInvalid, i, err)
+		}
+	}
+	return nil
+}
+
 // peerValidateSync checks a Sync request.
 func peerValidateSync(req *peerpb.SyncRequest) error {
 	from := req.GetFrom()

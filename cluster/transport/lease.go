@@ -1,0 +1,524 @@
+package transport
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/peerpb"
+)
+
+// Quota leases. An entry node that forwards a hit for a key another node
+// owns asks the owner, in the same op, for a lease: a share of the key's
+// remaining quota, which the owner counts as used at once (right after the
+// op's hits, in the same window) and replicates like any count. The entry
+// node then decides the key's next hits itself, taking them from the lease,
+// until it is spent, ends or no longer fits the op. Since every leased hit
+// is counted at the owner before any of them is allowed, the hits a key
+// allows never add up to more than its limit: a lease that is not used up
+// only refuses hits early, never lets one through late.
+//
+// The owner grants at most 1/(2n) of what is left after the op's hits, n
+// being the number of nodes, and nothing when less than 4n is left, so
+// leases shrink to nothing as a key nears its limit and its last hits are
+// decided by the owner as without leases. The entry node asks for about as
+// much as it used of its previous lease, twice as much when it spent it
+// (leaseMinWant the first time, at most leaseMaxWant). Only fixed and
+// sliding windows are leased: hits taken later from a lease are counted
+// when it was granted, which a window tolerates (they fall in the window
+// that counted them, before its end) and a token bucket does not (a bucket
+// refilled meanwhile would admit them a second time).
+//
+// A lease lasts until the earlier of its window's end and the forwarder's
+// LeaseTTL after the call that asked for it began (both on the entry node's
+// clock, so skew between the nodes does not stretch it). Its unused quota
+// goes back to the owner (a Release) when it ends before its window does,
+// when it is idle (no hit for four times its mean gap between hits, at
+// least leaseIdleMin), and when the node drains or closes (ReturnLeases).
+// The owner takes it back only under the lease epoch it granted it in: the
+// epoch changes whenever the owner's ring changes and when it restarts, so
+// quota granted by a process that has since restarted, or counted where the
+// ring no longer decides, stays counted as used. The unused quota of a
+// lease whose window has ended is dropped (expired): its window is over.
+
+// Lease sizing and bookkeeping.
+const (
+	// leaseMinWant is the quota an entry node asks for the first time,
+	// and the least it asks for.
+	leaseMinWant = 8
+	// leaseMaxWant caps what an entry node asks for at once.
+	leaseMaxWant = 1 << 20
+	// The owner grants at most remaining/(leaseShareDiv*n), and nothing
+	// when less than leaseMinLeft*n remains.
+	leaseShareDiv = 2
+	leaseMinLeft  = 4
+	// leaseSweepEvery is how often leases are checked for their end and
+	// idle time, and their unused quota sent back.
+	leaseSweepEvery = 250 * time.Millisecond
+	// leaseIdleMin is the least idle time that ends a lease.
+	leaseIdleMin = time.Second
+	// leaseMaxSlots bounds the keys an entry node keeps lease state for;
+	// past it, new keys are not leased until the sweep forgets idle ones.
+	leaseMaxSlots = 1 << 18
+	// leaseReleaseTimeout bounds one Release call.
+	leaseReleaseTimeout = time.Second
+	// leaseAskFor is how long a forward asking for a lease holds back the
+	// next ask for its key (its answer normally ends the wait sooner).
+	leaseAskFor = time.Second
+	// leaseCloseTimeout bounds the releases Close sends.
+	leaseCloseTimeout = 500 * time.Millisecond
+	// leaseShards is the lease table's shard count.
+	leaseShards = 64
+)
+
+// lease is quota an owner leased to this node for one key. Its fields are
+// set before it is published and never change, except left and lastUse.
+type lease struct {
+	left    atomic.Uint64 // quota not yet used
+	lastUse atomic.Int64  // entry clock, Unix ns, of the last hit taken
+
+	key     []byte
+	limit   bucket.Limit
+	owner   string // the owner's node ID
+	epoch   uint64 // the owner's lease epoch at the grant
+	window  int64  // start of the window it counts in, owner's clock
+	granted uint64 // quota granted (with any leftover merged into it)
+	// start and end bound its use, entry clock, Unix ns: start is when
+	// the call that asked for it began, end the earlier of its window's
+	// end and start+LeaseTTL. windowEnd is the window's end: a lease that
+	// ends before it sends its unused quota back.
+	start, end, windowEnd int64
+	// base is the owner's count after the grant; resetAt is when the
+	// owner's answer said the key resets (entry clock). A hit decided from
+	// the lease reports base-left and resetAt-now.
+	base    uint64
+	resetAt int64
+}
+
+// take takes hits from l, reporting false when it has fewer left.
+func (l *lease) take(hits uint64) (left uint64, ok bool) {
+	for {
+		cur := l.left.Load()
+		if cur < hits {
+			return 0, false
+		}
+		if l.left.CompareAndSwap(cur, cur-hits) {
+			return cur - hits, true
+		}
+	}
+}
+
+// idleFor is how long l may go without a hit before it ends: four times
+// its mean gap between hits so far, at least leaseIdleMin, and
+// 4*leaseIdleMin while it has had none.
+func (l *lease) idleFor(left uint64) int64 {
+	used := l.granted - min(left, l.granted)
+	if used == 0 {
+		return int64(4 * leaseIdleMin)
+	}
+	return max(int64(leaseIdleMin), 4*(l.lastUse.Load()-l.start)/int64(used))
+}
+
+// leaseSlot is what an entry node keeps for one key it asks leases for:
+// the live lease, whether a forward asking for one is on its way, how much
+// to ask for next and when the key was last seen.
+type leaseSlot struct {
+	cur atomic.Pointer[lease]
+	// asking is when a forward asking for a lease left (entry clock, Unix
+	// ns), 0 when none is on its way; an ask older than leaseAskFor no
+	// longer holds the next one back.
+	asking atomic.Int64
+	want   atomic.Uint64
+	seen   atomic.Int64 // entry clock, Unix ns
+}
+
+type leaseShard struct {
+	mu sync.RWMutex
+	m  map[string]*leaseSlot
+}
+
+// leaseTable is an entry node's lease state, by key.
+type leaseTable struct {
+	shards [leaseShards]leaseShard
+	n      atomic.Int64 // slots
+}
+
+func newLeaseTable() *leaseTable {
+	t := new(leaseTable)
+	for i := range t.shards {
+		t.shards[i].m = make(map[string]*leaseSlot)
+	}
+	return t
+}
+
+func (t *leaseTable) shard(key []byte) *leaseShard {
+	return &t.shards[xxhash.Sum64(key)%leaseShards]
+}
+
+// get returns key's slot, creating it when create is set and the table has
+// room; nil otherwise.
+func (t *leaseTable) get(key []byte, create bool) *leaseSlot {
+	sh := t.shard(key)
+	sh.mu.RLock()
+	s := sh.m[string(key)]
+	sh.mu.RUnlock()
+	if s != nil || !create || t.n.Load() >= leaseMaxSlots {
+		return s
+	}
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if s = sh.m[string(key)]; s == nil {
+		s = new(leaseSlot)
+		s.want.Store(leaseMinWant)
+		sh.m[string(key)] = s
+		t.n.Add(1)
+	}
+	return s
+}
+
+// leaseable reports whether op may be decided from a lease or ask for one:
+// it adds hits under a fixed or sliding window.
+func leaseable(op *bucket.Op) bool {
+	return op.Hits > 0 && op.Mode != bucket.Peek &&
+		(op.Limit.Algorithm == bucket.FixedWindow || op.Limit.Algorithm == bucket.SlidingWindow)
+}
+
+// leased decides op from this node's lease on its key, if it holds one
+// that fits: the same limit, not ended, with quota for the hits.
+func (f *Forwarder) leased(now int64, op *bucket.Op) (bucket.Result, bool) {
+	if f.leases == nil || !leaseable(op) {
+		return bucket.Result{}, false
+	}
+	s := f.leases.get(op.Key, false)
+	if s == nil {
+		return bucket.Result{}, false
+	}
+	l := s.cur.Load()
+	if l == nil || now >= l.end || now < l.start || l.limit != op.Limit {
+		return bucket.Result{}, false
+	}
+	left, ok := l.take(op.Hits)
+	if !ok {
+		return bucket.Result{}, false
+	}
+	l.lastUse.Store(now)
+	s.seen.Store(now)
+	count := l.base - min(l.base, left)
+	r := bucket.Result{Count: count, ResetAfter: max(1, l.resetAt-now)}
+	if capacity := op.Limit.Capacity(); count <= capacity {
+		r.Remaining = capacity - count
+	}
+	f.m.leaseHits.used.Add(float64(op.Hits))
+	return r, true
+}
+
+// leaseWant returns how much quota a forwarded op asks for (0: none) and
+// the slot that takes the answer. One forward per key asks at a time.
+func (f *Forwarder) leaseWant(now int64, op *bucket.Op) (uint64, *leaseSlot) {
+	if f.leases == nil || f.leasesOff.Load() || !leaseable(op) {
+		return 0, nil
+	}
+	s := f.leases.get(op.Key, true)
+	if s == nil {
+		return 0, nil
+	}
+	if a := s.asking.Load(); (a != 0 && now-a < int64(leaseAskFor)) || !s.asking.CompareAndSwap(a, now) {
+		return 0, nil
+	}
+	s.seen.Store(now)
+	want := s.want.Load()
+	if l := s.cur.Load(); l != nil {
+		want = nextWant(l, l.left.Load()) // the lease this ask replaces
+	}
+	return want, s
+}
+
+// leaseAnswered installs the lease the owner granted in res, if any, in
+// the item's slot, and lets the slot ask again. It runs in the sender, so
+// that a lease granted after its caller gave up is still used. A forward
+// that failed calls it with a nil res.
+func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
+	s := it.slot
+	if s == nil {
+		return
+	}
+	it.slot = nil
+	defer s.asking.Store(0)
+	g := res.GetLeased()
+	if g == 0 || res.GetLeaseTtlNs() <= 0 || f.leasesOff.Load() {
+		// An answer granted after ReturnLeases was asked for before it:
+		// its quota stays counted as used.
+		return
+	}
+	f.m.leases.granted.Inc()
+	f.m.leaseHits.granted.Add(float64(g))
+	l := &lease{
+		key:       append([]byte(nil), it.key...),
+		limit:     it.op.Limit,
+		owner:     it.peer.id,
+		epoch:     res.GetLeaseEpoch(),
+		window:    res.GetLeaseWindowNs(),
+		granted:   g,
+		start:     it.now,
+		windowEnd: it.now + res.GetLeaseTtlNs(),
+		base:      res.GetCount() + g,
+		resetAt:   it.now + res.GetResetAfterNs(),
+	}
+	l.end = min(l.windowEnd, it.now+int64(f.leaseTTL))
+	l.left.Store(g)
+	l.lastUse.Store(it.now)
+	old := s.cur.Swap(l)
+	if old == nil {
+		return
+	}
+	u := old.left.Swap(0)
+	f.retire(s, old, u)
+	if u > 0 && old.owner == l.owner && old.epoch == l.epoch && old.window == l.window && old.limit == l.limit {
+		// The old lease's rest counts in the same window at the same
+		// owner: the new lease takes it over.
+		l.left.Add(u)
+		l.granted += u
+		return
+	}
+	f.giveBack(old, u, it.now)
+}
+
+// retire sets what the slot of a lease that ended with u unused asks for
+// next (nextWant).
+func (f *Forwarder) retire(s *leaseSlot, l *lease, u uint64) {
+	s.want.Store(nextWant(l, u))
+}
+
+// nextWant is what to ask for after lease l, with u unused: twice l if it
+// was (nearly) spent, else what it used; within [leaseMinWant,
+// leaseMaxWant].
+func nextWant(l *lease, u uint64) uint64 {
+	next := l.granted - min(u, l.granted)
+	if u <= l.granted/8 {
+		next = 2 * l.granted
+	}
+	return min(max(next, leaseMinWant), leaseMaxWant)
+}
+
+// giveBack disposes of the unused quota u of a lease that ended at now:
+// queued for its owner while its window lasts, dropped (expired) after.
+func (f *Forwarder) giveBack(l *lease, u uint64, now int64) {
+	if u == 0 {
+		return
+	}
+	if now >= l.windowEnd {
+		f.m.leases.expired.Inc()
+		f.m.leaseHits.expired.Add(float64(u))
+		return
+	}
+	f.relMu.Lock()
+	if f.rel == nil {
+		f.rel = make(map[string][]*peerpb.Release)
+	}
+	f.rel[l.owner] = append(f.rel[l.owner], &peerpb.Release{
+		Key:       l.key,
+		Algorithm: uint32(l.limit.Algorithm),
+		Requests:  l.limit.Requests,
+		UnitNs:    l.limit.Unit,
+		Burst:     l.limit.Burst,
+		WindowNs:  l.window,
+		Epoch:     l.epoch,
+		Hits:      u,
+	})
+	f.relMu.Unlock()
+}
+
+// sweep ends the leases that ended or idle at now, forgets slots unused
+// for two LeaseTTLs, and sends the unused quota back.
+func (f *Forwarder) sweep(ctx context.Context, now int64, all bool) {
+	type item struct {
+		key string
+		s   *leaseSlot
+	}
+	var items []item
+	forget := 2 * int64(f.leaseTTL)
+	for i := range f.leases.shards {
+		sh := &f.leases.shards[i]
+		items = items[:0]
+		sh.mu.RLock()
+		for k, s := range sh.m {
+			items = append(items, item{k, s})
+		}
+		sh.mu.RUnlock()
+		var stale []string
+		for _, it := range items {
+			s := it.s
+			l := s.cur.Load()
+			if l == nil {
+				if now-s.seen.Load() >= forget {
+					stale = append(stale, it.key)
+				}
+				continue
+			}
+			left := l.left.Load()
+			if !all && now < l.end && now-l.lastUse.Load() < l.idleFor(left) {
+				continue
+			}
+			if !s.cur.CompareAndSwap(l, nil) {
+				continue // renewed meanwhile
+			}
+			u := l.left.Swap(0)
+			f.retire(s, l, u)
+			f.giveBack(l, u, now)
+		}
+		if len(stale) > 0 {
+			sh.mu.Lock()
+			for _, k := range stale {
+				if s := sh.m[k]; s != nil && s.cur.Load() == nil && now-s.seen.Load() >= forget {
+					delete(sh.m, k)
+					f.leases.n.Add(-1)
+				}
+			}
+			sh.mu.Unlock()
+		}
+	}
+	f.flushReleases(ctx)
+}
+
+// flushReleases sends the queued releases, one Release call per owner (in
+// chunks of peerMaxOps). Quota for an owner that is gone, or that does
+// not take it, stays counted as used.
+func (f *Forwarder) flushReleases(ctx context.Context) {
+	f.relMu.Lock()
+	rel := f.rel
+	f.rel = nil
+	f.relMu.Unlock()
+	if len(rel) == 0 {
+		return
+	}
+	peers := *f.peers.Load()
+	for owner, rs := range rel {
+		p := peers[owner]
+		for len(rs) > 0 {
+			chunk := rs[:min(len(rs), peerMaxOps)]
+			rs = rs[len(chunk):]
+			var hits uint64
+			for _, r := range chunk {
+				hits += r.GetHits()
+			}
+			taken := 0
+			if p != nil {
+				cctx, cancel := context.WithTimeout(ctx, leaseReleaseTimeout)
+				resp, err := p.client.Release(cctx, &peerpb.ReleaseRequest{From: f.self, Releases: chunk})
+				cancel()
+				if err == nil {
+					taken = int(resp.GetTaken())
+				} else {
+					f.log.Debug("transport: release failed; the quota stays used", "peer", owner, "releases", len(chunk), "err", err)
+				}
+			}
+			// Per release the owner only says how many it took; the hits
+			// are split in proportion.
+			back := hits * uint64(taken) / uint64(len(chunk))
+			f.m.leases.returned.Add(float64(taken))
+			f.m.leases.expired.Add(float64(len(chunk) - taken))
+			f.m.leaseHits.returned.Add(float64(back))
+			f.m.leaseHits.expired.Add(float64(hits - back))
+		}
+	}
+}
+
+// leaseLoop sweeps the leases every leaseSweepEvery until stop closes.
+func (f *Forwarder) leaseLoop(stop <-chan struct{}) {
+	defer f.leaseWG.Done()
+	t := f.clock.NewTicker(leaseSweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C():
+			f.sweep(context.Background(), f.clock.Now().UnixNano(), false)
+		}
+	}
+}
+
+// startLeases starts the sweep once, when the first peer is added. f.mu
+// is held.
+func (f *Forwarder) startLeasesLocked() {
+	if f.leases == nil || f.leaseStop != nil {
+		return
+	}
+	f.leaseStop = make(chan struct{})
+	f.leaseWG.Add(1)
+	go f.leaseLoop(f.leaseStop)
+}
+
+// ReturnLeases gives back the unused quota of every lease this node holds,
+// within ctx, and stops asking for leases for good: a node that drains
+// calls it first, and Close calls it. Hits for keys other nodes own are
+// forwarded to their owners from then on. It returns at once without
+// leases.
+func (f *Forwarder) ReturnLeases(ctx context.Context) {
+	if f.leases == nil {
+		return
+	}
+	f.leasesOff.Store(true)
+	f.sweep(ctx, f.clock.Now().UnixNano(), true)
+}
+
+// newLeaseEpoch returns a fresh lease epoch: random, never 0.
+func newLeaseEpoch() uint64 { return rand.Uint64() | 1 }
+
+// NewLeaseEpoch starts a new lease epoch: quota this node leased before
+// it is no longer taken back (see peerpb.Release). A node calls it
+// whenever its ring changes.
+func (f *Forwarder) NewLeaseEpoch() { f.leaseEpoch.Store(newLeaseEpoch()) }
+
+// grant leases quota for op to the peer that sent it, if it asked (want >
+// 0) and this node owns the key: up to want, at most 1/(2n) of r.Remaining
+// and nothing when less than 4n remains. The lease is applied as a second
+// op right after op's, which a concurrent op may have made too big: it is
+// then refused (StopOnOver) and nothing is leased. It writes the lease into
+// pr.
+func (f *Forwarder) grant(now int64, op *bucket.Op, want uint64, r bucket.Result, pr *peerpb.Result) {
+	if f.leases == nil || want == 0 || r.Over || !leaseable(op) {
+		return
+	}
+	if _, _, self := f.owners.Owner(op.Key); !self {
+		return // a replica standing in, or a stale sender's view
+	}
+	n := uint64(len(*f.peers.Load()) + 1)
+	if r.Remaining < leaseMinLeft*n {
+		return
+	}
+	g := min(want, leaseMaxWant, r.Remaining/(leaseShareDiv*n))
+	lop := bucket.Op{Key: op.Key, Limit: op.Limit, Hits: g, Mode: bucket.StopOnOver}
+	lr := f.local.Apply(now, &lop)
+	if lr.Over {
+		return
+	}
+	// The window the lease counted in ends lr.ResetAfter from now for a
+	// fixed window, one unit earlier for a sliding one (whose hits weigh
+	// on the window after theirs too); see bucket.Result.
+	end := now + lr.ResetAfter
+	if op.Limit.Algorithm == bucket.SlidingWindow {
+		end -= op.Limit.Unit
+	}
+	if end <= now {
+		return // cannot happen for a write; nothing to lease then
+	}
+	pr.Leased = g
+	pr.LeaseTtlNs = end - now
+	pr.LeaseWindowNs = end - op.Limit.Unit
+	pr.LeaseEpoch = f.leaseEpoch.Load()
+	f.m.leaseGrants.Inc()
+	f.m.leaseGranted.Add(float64(g))
+}
+
+// Releaser is implemented by a Local that can take back leased quota
+// (bucket.Store, and a node's recording store). Without it this node takes
+// no quota back.
+type Releaser interface {
+	Release(now int64, key []byte, lim bucket.Limit, window int64, hits uint64) bool
+}

@@ -1,0 +1,259 @@
+package transport
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ringlimit/ringlimit/bucket"
+)
+
+// leaseCluster starts forwarders with leases on (LeaseTTL ttl), each over
+// a real bucket.Store, which it returns by node ID.
+func leaseCluster(t *testing.T, ids []string, ttl time.Duration) (map[string]*fwdTestNode, map[string]*bucket.Store) {
+	t.Helper()
+	stores := map[string]*bucket.Store{}
+	nodes := fwdStartCluster(t, ids, nil, func(c *ForwarderConfig) {
+		st := bucket.NewStore(bucket.StoreConfig{})
+		stores[c.Self] = st
+		c.Local = st
+		c.LeaseTTL = ttl
+	})
+	return nodes, stores
+}
+
+// leaseMetric returns counter name{label=value} (any labels when value is
+// "") summed over reg.
+func leaseMetric(t *testing.T, reg *prometheus.Registry, name, value string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			if value == "" || (len(m.GetLabel()) > 0 && m.GetLabel()[0].GetValue() == value) {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+func apply1(f *Forwarder, now int64, op bucket.Op) bucket.Result {
+	res := make([]bucket.Result, 1)
+	f.Apply(context.Background(), now, []bucket.Op{op}, res)
+	return res[0]
+}
+
+func TestLeaseDecidesAtTheEntryNode(t *testing.T) {
+	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a, b := nodes["a"], nodes["b"]
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1}
+	for i := 1; i <= 9; i++ {
+		r := apply1(a.f, a.now, op)
+		if r.Over || r.Count != uint64(i) || r.Remaining != 1000-uint64(i) {
+			t.Fatalf("hit %d: %+v, want count %d", i, r, i)
+		}
+	}
+	// The first hit went to b and asked for leaseMinWant more; the next
+	// eight were taken from that lease at a.
+	if got := leaseMetric(t, a.reg, "ringlimit_forwarded_decisions_total", ""); got != 1 {
+		t.Errorf("forwarded %v decisions, want 1", got)
+	}
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used"); got != 8 {
+		t.Errorf("%v hits decided from the lease, want 8", got)
+	}
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != leaseMinWant {
+		t.Errorf("b leased %v hits, want %d", got, leaseMinWant)
+	}
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+leaseMinWant {
+		t.Errorf("owner counts %d, want the hit and the lease, %d", st.Count, 1+leaseMinWant)
+	}
+	// The tenth hit finds the lease spent: forwarded, and asks for twice
+	// as much.
+	if r := apply1(a.f, a.now, op); r.Count != 10 {
+		t.Fatalf("hit 10: %+v", r)
+	}
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != 3*leaseMinWant {
+		t.Errorf("b leased %v hits in all, want %d", got, 3*leaseMinWant)
+	}
+}
+
+// TestLeaseExactUnderConcurrency sends each of 40 keys (limit 50) 100
+// hits through three nodes at once: exactly 50 are allowed per key, for
+// both windowed algorithms.
+func TestLeaseExactUnderConcurrency(t *testing.T) {
+	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.SlidingWindow} {
+		t.Run(algo.String(), func(t *testing.T) {
+			ids := []string{"a", "b", "c"}
+			nodes, _ := leaseCluster(t, ids, time.Minute)
+			const keys, limit, hits = 40, 50, 100
+			allowed := make([]int, keys)
+			var mu sync.Mutex
+			var wg sync.WaitGroup
+			for w := range 6 {
+				n := nodes[ids[w%3]]
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range keys * hits / 6 {
+						k := (i + w*7) % keys
+						op := bucket.Op{Key: fmt.Appendf(nil, "%s/k%d", ids[k%3], k),
+							Limit: bucket.Limit{Algorithm: algo, Requests: limit, Unit: int64(time.Minute)}, Hits: 1}
+						if r := apply1(n.f, n.now, op); !r.Over {
+							mu.Lock()
+							allowed[k]++
+							mu.Unlock()
+						}
+					}
+				}()
+			}
+			wg.Wait()
+			for k, got := range allowed {
+				if got != limit {
+					t.Errorf("key %d: %d allowed, want exactly %d", k, got, limit)
+				}
+			}
+			var used float64
+			for _, n := range nodes {
+				used += leaseMetric(t, n.reg, "ringlimit_leased_hits_total", "used")
+			}
+			if used == 0 {
+				t.Error("no hit was decided from a lease")
+			}
+		})
+	}
+}
+
+func TestLeaseReturnedOnDemand(t *testing.T) {
+	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a, b := nodes["a"], nodes["b"]
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1}
+	apply1(a.f, a.now, op)
+	apply1(a.f, a.now, op) // one hit from the lease: 7 left
+	a.f.ReturnLeases(context.Background())
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 2 {
+		t.Errorf("owner counts %d after the return, want the 2 hits", st.Count)
+	}
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_releases_total", "taken"); got != 1 {
+		t.Errorf("b took %v releases, want 1", got)
+	}
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "returned"); got != 7 {
+		t.Errorf("a returned %v hits, want 7", got)
+	}
+	// After ReturnLeases the node asks for no more.
+	apply1(a.f, a.now, op)
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 3 {
+		t.Errorf("owner counts %d, want 3: no new lease", st.Count)
+	}
+}
+
+func TestLeaseReleaseRefusedAfterNewEpoch(t *testing.T) {
+	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a, b := nodes["a"], nodes["b"]
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1}
+	apply1(a.f, a.now, op)
+	b.f.NewLeaseEpoch() // b's ring changed, or b restarted
+	a.f.ReturnLeases(context.Background())
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+leaseMinWant {
+		t.Errorf("owner counts %d, want %d: the lease stays used", st.Count, 1+leaseMinWant)
+	}
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_releases_total", "refused"); got != 1 {
+		t.Errorf("b refused %v releases, want 1", got)
+	}
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "expired"); got != leaseMinWant {
+		t.Errorf("a lost %v hits, want %d", got, leaseMinWant)
+	}
+}
+
+func TestLeaseShrinksNearTheLimit(t *testing.T) {
+	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a, b := nodes["a"], nodes["b"]
+	// 20 left of 30 after the hit: at most 20/(2*2) = 5 leased.
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 30, Unit: int64(time.Minute)}, Hits: 9}
+	apply1(a.f, a.now, op)
+	op.Hits = 1
+	apply1(a.f, a.now, op)
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 9+5 {
+		t.Errorf("owner counts %d, want 9 hits + 5 leased (the 10th hit taken from them)", st.Count)
+	}
+	// Fewer than 4*2 left: nothing is leased, the owner decides.
+	op.Hits = 8
+	apply1(b.f, b.now, op) // 23 counted
+	for range 4 {
+		apply1(a.f, a.now, bucket.Op{Key: op.Key, Limit: op.Limit, Hits: 1})
+	}
+	granted := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", "")
+	before := granted
+	op.Hits = 1
+	r := apply1(a.f, a.now, op)
+	if granted = leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); granted != before {
+		t.Errorf("leased %v more hits with %d left", granted-before, r.Remaining)
+	}
+}
+
+func TestLeaseNotForTokenBucketsOrPeeks(t *testing.T) {
+	nodes, _ := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a, b := nodes["a"], nodes["b"]
+	for _, op := range []bucket.Op{
+		{Key: []byte("b/t"), Limit: bucket.Limit{Algorithm: bucket.TokenBucket, Requests: 1000, Unit: int64(time.Minute)}, Hits: 1},
+		{Key: []byte("b/p"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1, Mode: bucket.Peek},
+		{Key: []byte("b/z"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}},
+	} {
+		for range 3 {
+			apply1(a.f, a.now, op)
+		}
+	}
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_grants_total", ""); got != 0 {
+		t.Errorf("%v leases granted, want none", got)
+	}
+	if got := leaseMetric(t, a.reg, "ringlimit_forwarded_decisions_total", ""); got != 9 {
+		t.Errorf("%v forwarded, want all 9", got)
+	}
+}
+
+func TestLeaseEndsWithItsWindow(t *testing.T) {
+	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Hour)
+	a, b := nodes["a"], nodes["b"]
+	unit := int64(time.Minute)
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: unit}, Hits: 1}
+	apply1(a.f, a.now, op)
+	// The next window, on both clocks: a's lease has ended with it.
+	a.clock.Add(time.Minute)
+	b.clock.Add(time.Minute)
+	now := a.now + unit
+	if r := apply1(a.f, now, op); r.Count != 1 {
+		t.Fatalf("first hit of the next window: %+v, want count 1 (decided by b)", r)
+	}
+	if st, _ := stores["b"].Get(b.now+unit, []byte("b/k")); st.Count != 1+leaseMinWant {
+		t.Errorf("owner counts %d in the new window, want the hit and a new lease", st.Count)
+	}
+	a.f.sweep(context.Background(), now, true)
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "expired"); got != leaseMinWant {
+		t.Errorf("%v hits expired, want the first lease's %d", got, leaseMinWant)
+	}
+}
+
+func TestLeaseIdleReturns(t *testing.T) {
+	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Hour)
+	a, b := nodes["a"], nodes["b"]
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Hour)}, Hits: 1}
+	apply1(a.f, a.now, op)
+	a.f.sweep(context.Background(), a.now+int64(leaseIdleMin), false) // not idle yet: no hit taken, 4*leaseIdleMin
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+leaseMinWant {
+		t.Fatalf("owner counts %d, want the lease still out", st.Count)
+	}
+	a.f.sweep(context.Background(), a.now+int64(4*leaseIdleMin), false)
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1 {
+		t.Errorf("owner counts %d after the idle lease's return, want 1", st.Count)
+	}
+}
