@@ -62,6 +62,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		Store:       store,
 		Restore:     restore,
 		Replicas:    c.Replicas,
+		LeaseTTL:    leaseTTL(c.LeaseTTL),
 		DialOptions: dial,
 		Registerer:  reg,
 		Logger:      log,
@@ -75,7 +76,7 @@ func startCluster(c *serveConfig, grpcAddr string, store *bucket.Store, reg prom
 		}
 		return nil, fmt.Errorf("serve: cluster: %w", err)
 	}
-	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas)
+	log.Info("cluster node started", "id", c.NodeName, "grpc_advertised", adv, "gossip", c.GossipAddr, "join", c.Join, "replicas", c.Replicas, "lease_ttl", c.LeaseTTL)
 	cn := &clusterNode{node: n, c: c, log: log}
 	if len(keys) > 0 {
 		log.Info("cluster: gossip keys", "primary", membership.KeyFingerprint(keys[0]), "keys", n.Membership().KeyFingerprints())
@@ -135,4 +136,13 @@ func (n *clusterNode) close() {
 	if err := n.node.Close(); err != nil {
 		n.log.Warn("cluster close", "err", err)
 	}
+}
+
+// leaseTTL maps --lease-ttl to cluster.NodeConfig.LeaseTTL: 0 (off) is
+// negative there, where 0 means the default.
+func leaseTTL(d time.Duration) time.Duration {
+	if d == 0 {
+		return -1
+	}
+	return d
 }

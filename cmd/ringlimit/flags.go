@@ -60,6 +60,9 @@ type serveConfig struct {
 	GossipKeyFile    string
 	ClusterName      string
 	Replicas         int
+	// LeaseTTL is how long a quota lease lasts at most; 0 turns leases
+	// off.
+	LeaseTTL time.Duration
 
 	PeerTLSCert string
 	PeerTLSKey  string
@@ -288,6 +291,7 @@ func newServeFlags(c *serveConfig, stderr io.Writer) (*flag.FlagSet, map[string]
 	str(&c.GRPCTLSClientCA, "grpc-tls-client-ca", "", "PEM CA bundle RLS clients' certificates must chain to: every RLS client then needs one (mTLS; needs --grpc-tls-cert; reloaded on change)", clientCAEnv)
 	str(&c.GRPCTLSClientSAN, "grpc-tls-client-san", "", "name an RLS client's certificate must carry: a DNS name (wildcard SANs match) or IP, or a URI such as spiffe://...; needs --grpc-tls-client-ca", plainEnv("GRPC_CLIENT_TLS_SAN"))
 	fs.IntVar(&c.Replicas, "replicas", 2, "how many nodes hold each counter: its owner and replicas-1 replicas that take over with its count when it dies (1 disables replication; at most 16)")
+	fs.DurationVar(&c.LeaseTTL, "lease-ttl", cluster.DefaultLeaseTTL, "how long a node may decide a key's hits from a share of its quota leased by the key's owner (never past the key's window; fixed and sliding windows); 0 turns leases off, so every hit for a key another node owns is forwarded to it")
 	registerTracingFlags(fs, legacy, c)
 	boolean(&c.DryRun, "dry-run", false, "parse flags and environment, load the config, print the settings and exit", nil)
 	return fs, legacy
@@ -390,6 +394,9 @@ func (c *serveConfig) validate() error {
 	}
 	if c.Replicas < 1 || c.Replicas > cluster.MaxReplicas {
 		errs = append(errs, fmt.Errorf("serve: --replicas: %d is not in [1, %d]", c.Replicas, cluster.MaxReplicas))
+	}
+	if c.LeaseTTL < 0 {
+		errs = append(errs, fmt.Errorf("serve: --lease-ttl: %v is negative (0 turns leases off)", c.LeaseTTL))
 	}
 	if c.ShutdownTimeout <= 0 {
 		errs = append(errs, errors.New("serve: --shutdown-timeout must be > 0"))
