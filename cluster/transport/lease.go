@@ -38,8 +38,13 @@ import (
 // LeaseTTL after the call that asked for it began (both on the entry node's
 // clock, so skew between the nodes does not stretch it). Its unused quota
 // goes back to the owner (a Release) when it ends before its window does,
-// when it is idle (no hit for four times its mean gap between hits, at
-// least leaseIdleMin), and when the node drains or closes (ReturnLeases).
+// when the node drains or closes (ReturnLeases), and when it is idle (no
+// hit for four times its mean gap between hits, at least leaseIdleMin)
+// while its key is short of quota: when the owner had counted more than
+// half the key's limit by the grant. A lease on a key further from its
+// limit holds at most 1/(2n) of a quota that is mostly unused, and ending
+// it for a pause between two hits would only cost a forward and a Release
+// for each of a slow key's hits.
 // The owner takes it back only under the lease epoch it granted it in: the
 // epoch changes whenever the owner's ring changes and when it restarts, so
 // quota granted by a process that has since restarted, or counted where the
@@ -98,6 +103,9 @@ type lease struct {
 	// the lease reports base-left and resetAt-now.
 	base    uint64
 	resetAt int64
+	// short is set when base is more than half the key's capacity: the
+	// lease then ends when idle.
+	short bool
 }
 
 // take takes hits from l, reporting false when it has fewer left.
@@ -270,6 +278,7 @@ func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
 		resetAt:   it.now + res.GetResetAfterNs(),
 	}
 	l.end = min(l.windowEnd, it.now+int64(f.leaseTTL))
+	l.short = l.base > it.op.Limit.Capacity()/2
 	l.left.Store(g)
 	l.lastUse.Store(it.now)
 	old := s.cur.Swap(l)
@@ -361,7 +370,7 @@ func (f *Forwarder) sweep(ctx context.Context, now int64, all bool) {
 				continue
 			}
 			left := l.left.Load()
-			if !all && now < l.end && now-l.lastUse.Load() < l.idleFor(left) {
+			if !all && now < l.end && (!l.short || now-l.lastUse.Load() < l.idleFor(left)) {
 				continue
 			}
 			if !s.cur.CompareAndSwap(l, nil) {

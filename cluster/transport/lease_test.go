@@ -246,14 +246,24 @@ func TestLeaseEndsWithItsWindow(t *testing.T) {
 func TestLeaseIdleReturns(t *testing.T) {
 	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Hour)
 	a, b := nodes["a"], nodes["b"]
-	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Hour)}, Hits: 1}
+	// A key far from its limit keeps its lease while idle.
+	far := bucket.Op{Key: []byte("b/far"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Hour)}, Hits: 1}
+	apply1(a.f, a.now, far)
+	a.f.sweep(context.Background(), a.now+int64(time.Minute), false)
+	if st, _ := stores["b"].Get(b.now, far.Key); st.Count != 1+leaseMinWant {
+		t.Fatalf("owner counts %d, want the far key's lease still out", st.Count)
+	}
+	// One past half its limit: an idle lease goes back.
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 100, Unit: int64(time.Hour)}, Hits: 50}
+	apply1(b.f, b.now, op)
+	op.Hits = 1
 	apply1(a.f, a.now, op)
 	a.f.sweep(context.Background(), a.now+int64(leaseIdleMin), false) // not idle yet: no hit taken, 4*leaseIdleMin
-	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+leaseMinWant {
+	if st, _ := stores["b"].Get(b.now, op.Key); st.Count != 51+leaseMinWant {
 		t.Fatalf("owner counts %d, want the lease still out", st.Count)
 	}
 	a.f.sweep(context.Background(), a.now+int64(4*leaseIdleMin), false)
-	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1 {
-		t.Errorf("owner counts %d after the idle lease's return, want 1", st.Count)
+	if st, _ := stores["b"].Get(b.now, op.Key); st.Count != 51 {
+		t.Errorf("owner counts %d after the idle lease's return, want 51", st.Count)
 	}
 }
