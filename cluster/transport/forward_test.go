@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/wire"
 )
@@ -407,13 +408,23 @@ func BenchmarkLocalApply(b *testing.B) {
 	})
 }
 
-func BenchmarkForwardParallel(b *testing.B) {
-	nodes := fwdStartCluster(b, []string{"a", "b"}, nil, nil)
+// BenchmarkForwardParallel forwards from 32 callers per core, as under
+// Envoy's concurrent requests: batches form only when callers outnumber the
+// RPCs in flight.
+func BenchmarkForwardParallel(b *testing.B) { benchForward(b, 32) }
+
+// BenchmarkForwardParallelFew forwards from 2 callers per core: a light
+// load, where few ops wait for each batch.
+func BenchmarkForwardParallelFew(b *testing.B) { benchForward(b, 2) }
+
+// benchForward forwards one op per Apply from perCore callers per core,
+// each on its own key, on clock.Real (so that round trips are timed), and
+// reports the mean ops per peer batch.
+func benchForward(b *testing.B, perCore int) {
+	nodes := fwdStartCluster(b, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.Clock = clock.Real() })
 	a := nodes["a"]
 	b.ReportAllocs()
-	// Many callers per core, as under Envoy's concurrent requests: batches
-	// form only when callers outnumber the RPCs in flight.
-	b.SetParallelism(32)
+	b.SetParallelism(perCore)
 	var seq sync.Mutex
 	next := 0
 	b.RunParallel(func(pb *testing.PB) {
@@ -423,7 +434,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 		seq.Unlock()
 		res := make([]bucket.Result, 1)
 		for pb.Next() {
-			a.f.Apply(context.Background(), a.now, ops, res)
+			a.f.Apply(context.Background(), a.f.clock.Now().UnixNano(), ops, res)
 		}
 	})
 	b.StopTimer()
