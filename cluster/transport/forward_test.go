@@ -6,6 +6,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -413,6 +415,9 @@ func BenchmarkLocalApply(b *testing.B) {
 // RPCs in flight.
 func BenchmarkForwardParallel(b *testing.B) { benchForward(b, 32) }
 
+// BenchmarkForwardParallelMid forwards from 8 callers per core.
+func BenchmarkForwardParallelMid(b *testing.B) { benchForward(b, 8) }
+
 // BenchmarkForwardParallelFew forwards from 2 callers per core: a light
 // load, where few ops wait for each batch.
 func BenchmarkForwardParallelFew(b *testing.B) { benchForward(b, 2) }
@@ -445,4 +450,71 @@ func benchForward(b *testing.B, perCore int) {
 	if c := fwdReadCounts(b, a.reg); c.timeout+c.error+c.suspect+c.unknown > 0 {
 		b.Logf("fallbacks: %+v", c)
 	}
+}
+
+// BenchmarkForwardPaced forwards at a fixed rate (open loop: ops arrive
+// whether or not earlier ones were answered, as Envoy's requests do), from
+// a pool of 256 callers, in ticks of 100 us. ns/op is only the pacing; it
+// reports the process's CPU time per op, the mean latency of an op and the
+// mean ops per peer batch.
+func BenchmarkForwardPaced(b *testing.B) {
+	for _, rate := range []int{20_000, 80_000} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { benchForwardPaced(b, rate) })
+	}
+}
+
+func benchForwardPaced(b *testing.B, rate int) {
+	nodes := fwdStartCluster(b, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.Clock = clock.Real() })
+	a := nodes["a"]
+	const callers, tick = 256, 100 * time.Microsecond
+	jobs := make(chan int, b.N)
+	var lat atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(callers)
+	for range callers {
+		go func() {
+			defer wg.Done()
+			ops := []bucket.Op{fwdOp("")}
+			res := make([]bucket.Result, 1)
+			for i := range jobs {
+				ops[0].Key = strconv.AppendInt(append(ops[0].Key[:0], "b/"...), int64(i%1024), 10)
+				start := time.Now()
+				a.f.Apply(context.Background(), a.f.clock.Now().UnixNano(), ops, res)
+				lat.Add(int64(time.Since(start)))
+			}
+		}()
+	}
+	cpu0 := fwdCPUTime(b)
+	b.ResetTimer()
+	tk := time.NewTicker(tick)
+	start := time.Now()
+	for sent := 0; sent < b.N; {
+		<-tk.C
+		due := min(int(time.Since(start).Seconds()*float64(rate)), b.N)
+		for ; sent < due; sent++ {
+			jobs <- sent
+		}
+	}
+	tk.Stop()
+	close(jobs)
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(fwdCPUTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(lat.Load())/float64(b.N)/1e3, "us-latency/op")
+	batches, sum := fwdHist(b, a.reg, "ringlimit_peer_batch_size")
+	if batches > 0 {
+		b.ReportMetric(sum/float64(batches), "ops/batch")
+	}
+	if c := fwdReadCounts(b, a.reg); c.timeout+c.error+c.suspect+c.unknown > 0 {
+		b.Logf("fallbacks: %+v", c)
+	}
+}
+
+// fwdCPUTime returns the user and system CPU time of the process so far.
+func fwdCPUTime(t testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
