@@ -203,6 +203,74 @@ func TestForwardConcurrentBatches(t *testing.T) {
 	}
 }
 
+// TestForwardLingerWhileInFlight runs on virtual time, where only timers
+// and the simulated network's latency move the clock: a lone op goes out
+// at once and takes one round trip, and the ops that arrive while a batch
+// to the peer is in flight go out together, each delayed by at most
+// fwdMaxLinger.
+func TestForwardLingerWhileInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		nodes := fwdStartClusterOn(t, sim, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.Clock = clock.Real() })
+		a, b := nodes["a"], nodes["b"]
+		apply := func(key string) time.Duration {
+			start := time.Now()
+			res := make([]bucket.Result, 1)
+			a.f.Apply(context.Background(), time.Now().UnixNano(), []bucket.Op{fwdOp(key)}, res)
+			return time.Since(start)
+		}
+		// Lone ops, one after another: the first ones open the senders'
+		// streams; then each takes one round trip, the same every time.
+		var lone time.Duration
+		for i := range 20 {
+			d := apply("b/lone")
+			if i >= 10 && lone != 0 && d != lone {
+				t.Fatalf("lone op %d took %v, the one before %v", i, d, lone)
+			}
+			lone = d
+		}
+		p := (*a.f.peers.Load())["b"]
+		if p.linger() <= 0 || lone <= 0 {
+			t.Fatalf("linger %v after lone ops of %v", p.linger(), lone)
+		}
+		batches0, ops0 := fwdHist(t, a.reg, "ringlimit_peer_batch_size")
+		if batches0 != 20 || ops0 != 20 {
+			t.Fatalf("%d batches of %v ops for 20 lone ops", batches0, ops0)
+		}
+
+		// One op in flight, then a burst: the burst waits for one batch.
+		var wg sync.WaitGroup
+		wg.Go(func() { apply("b/first") })
+		synctest.Wait() // its batch is on the network
+		if n := p.inflight.Load(); n != 1 {
+			t.Fatalf("%d batches in flight, want 1", n)
+		}
+		const burst = 20
+		took := make([]time.Duration, burst)
+		for i := range burst {
+			wg.Go(func() { took[i] = apply("b/burst" + strconv.Itoa(i)) })
+		}
+		wg.Wait()
+		batches, ops := fwdHist(t, a.reg, "ringlimit_peer_batch_size")
+		if batches-batches0 != 2 || ops-ops0 != burst+1 {
+			t.Errorf("%d ops in %d batches, want %d in 2", int(ops-ops0), batches-batches0, burst+1)
+		}
+		for i, d := range took {
+			if d > lone+fwdMaxLinger {
+				t.Errorf("burst op %d took %v, a lone op %v", i, d, lone)
+			}
+			if got := b.store.count("b/burst" + strconv.Itoa(i)); got != 1 {
+				t.Errorf("owner counted burst op %d %d times", i, got)
+			}
+		}
+
+		// Idle again: a lone op takes one round trip.
+		if d := apply("b/lone"); d != lone {
+			t.Errorf("lone op after the burst took %v, want %v", d, lone)
+		}
+	})
+}
+
 func TestForwardMaxBatchHonoured(t *testing.T) {
 	const maxBatch = 3
 	nodes := fwdStartCluster(t, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.MaxBatch = maxBatch })
