@@ -6,6 +6,8 @@ import (
 	"net"
 	"strconv"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/internal/testkit"
 	"github.com/ringlimit/ringlimit/cluster/wire"
 )
@@ -198,6 +201,74 @@ func TestForwardConcurrentBatches(t *testing.T) {
 	if batches >= uint64(ops) {
 		t.Errorf("%d batches for %v ops: no batching", batches, ops)
 	}
+}
+
+// TestForwardLingerWhileInFlight runs on virtual time, where only timers
+// and the simulated network's latency move the clock: a lone op goes out
+// at once and takes one round trip, and the ops that arrive while a batch
+// to the peer is in flight go out together, each delayed by at most
+// fwdMaxLinger.
+func TestForwardLingerWhileInFlight(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		sim := newFwdSim(t)
+		nodes := fwdStartClusterOn(t, sim, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.Clock = clock.Real() })
+		a, b := nodes["a"], nodes["b"]
+		apply := func(key string) time.Duration {
+			start := time.Now()
+			res := make([]bucket.Result, 1)
+			a.f.Apply(context.Background(), time.Now().UnixNano(), []bucket.Op{fwdOp(key)}, res)
+			return time.Since(start)
+		}
+		// Lone ops, one after another: the first ones open the senders'
+		// streams; then each takes one round trip, the same every time.
+		var lone time.Duration
+		for i := range 20 {
+			d := apply("b/lone")
+			if i >= 10 && lone != 0 && d != lone {
+				t.Fatalf("lone op %d took %v, the one before %v", i, d, lone)
+			}
+			lone = d
+		}
+		p := (*a.f.peers.Load())["b"]
+		if p.linger() <= 0 || lone <= 0 {
+			t.Fatalf("linger %v after lone ops of %v", p.linger(), lone)
+		}
+		batches0, ops0 := fwdHist(t, a.reg, "ringlimit_peer_batch_size")
+		if batches0 != 20 || ops0 != 20 {
+			t.Fatalf("%d batches of %v ops for 20 lone ops", batches0, ops0)
+		}
+
+		// One op in flight, then a burst: the burst waits for one batch.
+		var wg sync.WaitGroup
+		wg.Go(func() { apply("b/first") })
+		synctest.Wait() // its batch is on the network
+		if n := p.inflight.Load(); n != 1 {
+			t.Fatalf("%d batches in flight, want 1", n)
+		}
+		const burst = 20
+		took := make([]time.Duration, burst)
+		for i := range burst {
+			wg.Go(func() { took[i] = apply("b/burst" + strconv.Itoa(i)) })
+		}
+		wg.Wait()
+		batches, ops := fwdHist(t, a.reg, "ringlimit_peer_batch_size")
+		if batches-batches0 != 2 || ops-ops0 != burst+1 {
+			t.Errorf("%d ops in %d batches, want %d in 2", int(ops-ops0), batches-batches0, burst+1)
+		}
+		for i, d := range took {
+			if d > lone+fwdMaxLinger {
+				t.Errorf("burst op %d took %v, a lone op %v", i, d, lone)
+			}
+			if got := b.store.count("b/burst" + strconv.Itoa(i)); got != 1 {
+				t.Errorf("owner counted burst op %d %d times", i, got)
+			}
+		}
+
+		// Idle again: a lone op takes one round trip.
+		if d := apply("b/lone"); d != lone {
+			t.Errorf("lone op after the burst took %v, want %v", d, lone)
+		}
+	})
 }
 
 func TestForwardMaxBatchHonoured(t *testing.T) {
@@ -407,13 +478,26 @@ func BenchmarkLocalApply(b *testing.B) {
 	})
 }
 
-func BenchmarkForwardParallel(b *testing.B) {
-	nodes := fwdStartCluster(b, []string{"a", "b"}, nil, nil)
+// BenchmarkForwardParallel forwards from 32 callers per core, as under
+// Envoy's concurrent requests: batches form only when callers outnumber the
+// RPCs in flight.
+func BenchmarkForwardParallel(b *testing.B) { benchForward(b, 32) }
+
+// BenchmarkForwardParallelMid forwards from 8 callers per core.
+func BenchmarkForwardParallelMid(b *testing.B) { benchForward(b, 8) }
+
+// BenchmarkForwardParallelFew forwards from 2 callers per core: a light
+// load, where few ops wait for each batch.
+func BenchmarkForwardParallelFew(b *testing.B) { benchForward(b, 2) }
+
+// benchForward forwards one op per Apply from perCore callers per core,
+// each on its own key, on clock.Real (so that round trips are timed), and
+// reports the mean ops per peer batch.
+func benchForward(b *testing.B, perCore int) {
+	nodes := fwdStartCluster(b, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.Clock = clock.Real() })
 	a := nodes["a"]
 	b.ReportAllocs()
-	// Many callers per core, as under Envoy's concurrent requests: batches
-	// form only when callers outnumber the RPCs in flight.
-	b.SetParallelism(32)
+	b.SetParallelism(perCore)
 	var seq sync.Mutex
 	next := 0
 	b.RunParallel(func(pb *testing.PB) {
@@ -423,7 +507,7 @@ func BenchmarkForwardParallel(b *testing.B) {
 		seq.Unlock()
 		res := make([]bucket.Result, 1)
 		for pb.Next() {
-			a.f.Apply(context.Background(), a.now, ops, res)
+			a.f.Apply(context.Background(), a.f.clock.Now().UnixNano(), ops, res)
 		}
 	})
 	b.StopTimer()
@@ -434,4 +518,71 @@ func BenchmarkForwardParallel(b *testing.B) {
 	if c := fwdReadCounts(b, a.reg); c.timeout+c.error+c.suspect+c.unknown > 0 {
 		b.Logf("fallbacks: %+v", c)
 	}
+}
+
+// BenchmarkForwardPaced forwards at a fixed rate (open loop: ops arrive
+// whether or not earlier ones were answered, as Envoy's requests do), from
+// a pool of 256 callers, in ticks of 100 us. ns/op is only the pacing; it
+// reports the process's CPU time per op, the mean latency of an op and the
+// mean ops per peer batch.
+func BenchmarkForwardPaced(b *testing.B) {
+	for _, rate := range []int{20_000, 80_000} {
+		b.Run(fmt.Sprintf("rate=%d", rate), func(b *testing.B) { benchForwardPaced(b, rate) })
+	}
+}
+
+func benchForwardPaced(b *testing.B, rate int) {
+	nodes := fwdStartCluster(b, []string{"a", "b"}, nil, func(c *ForwarderConfig) { c.Clock = clock.Real() })
+	a := nodes["a"]
+	const callers, tick = 256, 100 * time.Microsecond
+	jobs := make(chan int, b.N)
+	var lat atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(callers)
+	for range callers {
+		go func() {
+			defer wg.Done()
+			ops := []bucket.Op{fwdOp("")}
+			res := make([]bucket.Result, 1)
+			for i := range jobs {
+				ops[0].Key = strconv.AppendInt(append(ops[0].Key[:0], "b/"...), int64(i%1024), 10)
+				start := time.Now()
+				a.f.Apply(context.Background(), a.f.clock.Now().UnixNano(), ops, res)
+				lat.Add(int64(time.Since(start)))
+			}
+		}()
+	}
+	cpu0 := fwdCPUTime(b)
+	b.ResetTimer()
+	tk := time.NewTicker(tick)
+	start := time.Now()
+	for sent := 0; sent < b.N; {
+		<-tk.C
+		due := min(int(time.Since(start).Seconds()*float64(rate)), b.N)
+		for ; sent < due; sent++ {
+			jobs <- sent
+		}
+	}
+	tk.Stop()
+	close(jobs)
+	wg.Wait()
+	b.StopTimer()
+	b.ReportMetric(float64(fwdCPUTime(b)-cpu0)/float64(b.N), "cpu-ns/op")
+	b.ReportMetric(float64(lat.Load())/float64(b.N)/1e3, "us-latency/op")
+	batches, sum := fwdHist(b, a.reg, "ringlimit_peer_batch_size")
+	if batches > 0 {
+		b.ReportMetric(sum/float64(batches), "ops/batch")
+	}
+	if c := fwdReadCounts(b, a.reg); c.timeout+c.error+c.suspect+c.unknown > 0 {
+		b.Logf("fallbacks: %+v", c)
+	}
+}
+
+// fwdCPUTime returns the user and system CPU time of the process so far.
+func fwdCPUTime(t testing.TB) time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		t.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -60,6 +60,11 @@ const (
 	// fwdMaxBatchBytes caps the key bytes of one batch, so that a whole
 	// batch stays under MaxMessageSize (TestDecideBatchFits).
 	fwdMaxBatchBytes = 1 << 20
+	// fwdMaxLinger caps how long a sender holds back a batch that is not
+	// full while another batch to the same peer is in flight; it holds it
+	// at most a quarter of the peer's recent round trip (see
+	// peerClient.linger).
+	fwdMaxLinger = 200 * time.Microsecond
 )
 
 // ForwarderConfig configures a Forwarder. Zero values take the documented

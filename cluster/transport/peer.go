@@ -6,12 +6,14 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
 	"github.com/ringlimit/ringlimit/bucket"
+	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/peerpb"
 	"github.com/ringlimit/ringlimit/cluster/wire"
 )
@@ -37,6 +39,12 @@ type peerClient struct {
 	done  chan struct{} // closed by close
 	wg    sync.WaitGroup
 
+	// back (capacity 1) wakes a sender that holds back its batch: a batch
+	// to the peer came back, or the queue holds a full batch (see sendLoop).
+	back     chan struct{}
+	inflight atomic.Int32 // batches in a round trip to the peer
+	rtt      atomic.Int64 // smoothed Decide round trip, ns on f.clock (0: none yet)
+
 	unaryUntil   atomic.Int64 // f.mono() until which Decide calls replace DecideStream (the peer has none)
 	suspect      atomic.Bool
 	fails        atomic.Int32  // failures since the last answer
@@ -60,6 +68,7 @@ func newPeerClient(f *Forwarder, id, addr string) (*peerClient, error) {
 		conn:   conn,
 		client: peerpb.NewPeerClient(conn),
 		queue:  make(chan *fwdItem, max(f.maxBatch*fwdInflight, fwdMinQueue)),
+		back:   make(chan struct{}, 1),
 		ctx:    ctx,
 		stop:   stop,
 		done:   make(chan struct{}),
@@ -84,10 +93,42 @@ func (p *peerClient) enqueue(it *fwdItem) (ok, closed bool) {
 	}
 	select {
 	case p.queue <- it:
+		if len(p.queue) >= p.f.maxBatch {
+			p.wakeLinger() // a full batch waits: no reason to hold it back
+		}
 		return true, false
 	default:
 		return false, false
 	}
+}
+
+// wakeLinger ends the wait of a sender that holds back its batch, if one
+// does. A wake-up no sender waits for is dropped by the next sender before
+// it waits.
+func (p *peerClient) wakeLinger() {
+	select {
+	case p.back <- struct{}{}:
+	default:
+	}
+}
+
+// linger returns how long a sender may hold back a batch that is not full
+// while another batch to the peer is in flight: a quarter of the smoothed
+// round trip, at most fwdMaxLinger; 0 before any round trip was timed.
+func (p *peerClient) linger() time.Duration {
+	return min(time.Duration(p.rtt.Load())/4, fwdMaxLinger)
+}
+
+// noteRTT adds one round trip of d to the smoothed round trip (weight 1/8).
+// The two senders' updates may interleave; the estimate only sizes a
+// linger.
+func (p *peerClient) noteRTT(d time.Duration) {
+	old := p.rtt.Load()
+	if old == 0 {
+		p.rtt.Store(max(int64(d), 0))
+		return
+	}
+	p.rtt.Store(old + (int64(d)-old)/8)
 }
 
 // close stops the client: it cancels in-flight RPCs, joins the goroutines,
@@ -167,8 +208,14 @@ func (p *peerClient) roundTrip(b *peerSendBuf) (*peerpb.DecideResponse, error) {
 }
 
 // sendLoop takes whatever is queued, up to MaxBatch ops and
-// fwdMaxBatchBytes of keys, and sends it as one Decide batch; it never waits
-// for more ops to arrive.
+// fwdMaxBatchBytes of keys, and sends it as one Decide batch. When no other
+// batch to the peer is in flight, it sends at once, never waiting for more
+// ops. When one is and the batch is not full, it holds the batch back to
+// collect more, until the batch in flight comes back, the queue holds a
+// full batch, or a quarter of the peer's smoothed round trip (at most
+// fwdMaxLinger) has passed, whichever is first; it then takes what was
+// queued meanwhile and sends. So a lone op goes out at once, and an op that
+// arrives while a batch is in flight waits at most fwdMaxLinger more.
 func (p *peerClient) sendLoop() {
 	defer p.wg.Done()
 	maxOps := p.f.maxBatch
@@ -180,10 +227,13 @@ func (p *peerClient) sendLoop() {
 	b.req.From = p.f.self
 	b.stream.Open, b.stream.Clock = p.client.DecideStream, p.f.clock
 	defer b.stream.Drop()
+	// timer bounds a linger: made once, stopped, and Reset for each.
+	timer := p.f.clock.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	var carry *fwdItem // taken from the queue but did not fit the last batch
 	for {
 		first := carry
-		carry = nil
 		if first == nil {
 			select {
 			case first = <-p.queue:
@@ -193,25 +243,63 @@ func (p *peerClient) sendLoop() {
 		}
 		b.batch = append(b.batch[:0], first)
 		size := len(first.key)
-	fill:
-		for len(b.batch) < maxOps {
-			select {
-			case it := <-p.queue:
-				// A batch is relayed or not as a whole: an op of the other
-				// kind waits for the next batch.
-				if size+len(it.key) > fwdMaxBatchBytes || it.relayed != first.relayed {
-					carry = it
-					break fill
-				}
-				size += len(it.key)
-				b.batch = append(b.batch, it)
-			default:
-				break fill
-			}
+		carry, size = p.fill(b, size)
+		if carry == nil && len(b.batch) < maxOps && p.holdBack(timer) {
+			carry, _ = p.fill(b, size)
 		}
 		p.decide(b)
 		clear(b.batch)
 	}
+}
+
+// holdBack waits, when another batch to the peer is in flight, until that
+// batch comes back, the queue holds a full batch, linger has passed (on
+// timer) or the client closes, and reports whether it waited. It does not
+// wait before any round trip was timed.
+func (p *peerClient) holdBack(timer clock.Timer) bool {
+	d := p.linger()
+	if d <= 0 || p.inflight.Load() == 0 {
+		return false
+	}
+	// A wake-up left from before (a batch that came back, or a full
+	// queue, while no sender waited) must not end this wait.
+	select {
+	case <-p.back:
+	default:
+	}
+	if p.inflight.Load() == 0 {
+		return false // it came back meanwhile
+	}
+	timer.Reset(d)
+	select {
+	case <-p.back:
+	case <-timer.C():
+	case <-p.done:
+	}
+	timer.Stop()
+	return true
+}
+
+// fill adds to b.batch, whose key bytes are size, the ops queued now, up to
+// MaxBatch ops and fwdMaxBatchBytes; it never waits. It returns the op it
+// took that did not fit (nil if none) and the batch's key bytes.
+func (p *peerClient) fill(b *peerSendBuf, size int) (carry *fwdItem, _ int) {
+	relayed := b.batch[0].relayed
+	for len(b.batch) < p.f.maxBatch {
+		select {
+		case it := <-p.queue:
+			// A batch is relayed or not as a whole: an op of the other
+			// kind waits for the next batch.
+			if size+len(it.key) > fwdMaxBatchBytes || it.relayed != relayed {
+				return it, size
+			}
+			size += len(it.key)
+			b.batch = append(b.batch, it)
+		default:
+			return nil, size
+		}
+	}
+	return nil, size
 }
 
 // decide sends b.batch as one Decide batch and completes its items.
@@ -250,8 +338,13 @@ func (p *peerClient) decide(b *peerSendBuf) {
 	}
 	b.req.Ops = b.ptrs
 	start := p.f.clock.Now()
+	p.inflight.Add(1)
 	resp, err := p.roundTrip(b)
-	p.f.m.rpcDuration.Observe(p.f.clock.Now().Sub(start).Seconds())
+	p.inflight.Add(-1)
+	p.wakeLinger() // the other sender may send its batch now
+	took := p.f.clock.Now().Sub(start)
+	p.noteRTT(took)
+	p.f.m.rpcDuration.Observe(took.Seconds())
 	p.f.m.batchSize.Observe(float64(len(live)))
 	for i := range b.ops[:len(live)] {
 		b.ops[i].Key, b.ops[i].Trace = nil, nil // do not pin the items' buffers
