@@ -34,6 +34,16 @@ import (
 // that counted them, before its end) and a token bucket does not (a bucket
 // refilled meanwhile would admit them a second time).
 //
+// A lease is used only while its owner is neither suspect nor gone from
+// this node's peers: an owner that crashes may not have replicated its
+// last grants (replication is asynchronous, every few milliseconds), so
+// the replica that takes its keys over may not count them, and hits taken
+// from such a lease after that could be allowed twice. Dropped, its quota
+// counts as used where it was replicated and is never used where it was
+// not. What remains is the time this node takes to find the owner gone
+// (its next forward to it, or its peers changing), as for the ops it
+// forwards.
+//
 // A lease lasts until the earlier of its window's end and the forwarder's
 // LeaseTTL after the call that asked for it began (both on the entry node's
 // clock, so skew between the nodes does not stretch it). Its unused quota
@@ -89,10 +99,11 @@ type lease struct {
 
 	key     []byte
 	limit   bucket.Limit
-	owner   string // the owner's node ID
-	epoch   uint64 // the owner's lease epoch at the grant
-	window  int64  // start of the window it counts in, owner's clock
-	granted uint64 // quota granted (with any leftover merged into it)
+	owner   string      // the owner's node ID
+	peer    *peerClient // the owner's client when it granted the lease
+	epoch   uint64      // the owner's lease epoch at the grant
+	window  int64       // start of the window it counts in, owner's clock
+	granted uint64      // quota granted (with any leftover merged into it)
 	// start and end bound its use, entry clock, Unix ns: start is when
 	// the call that asked for it began, end the earlier of its window's
 	// end and start+LeaseTTL. windowEnd is the window's end: a lease that
@@ -207,7 +218,7 @@ func (f *Forwarder) leased(now int64, op *bucket.Op) (bucket.Result, bool) {
 		return bucket.Result{}, false
 	}
 	l := s.cur.Load()
-	if l == nil || now >= l.end || now < l.start || l.limit != op.Limit {
+	if l == nil || now >= l.end || now < l.start || l.limit != op.Limit || !l.peer.holds() {
 		return bucket.Result{}, false
 	}
 	left, ok := l.take(op.Hits)
@@ -269,6 +280,7 @@ func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
 		key:       append([]byte(nil), it.key...),
 		limit:     it.op.Limit,
 		owner:     it.peer.id,
+		peer:      it.peer,
 		epoch:     res.GetLeaseEpoch(),
 		window:    res.GetLeaseWindowNs(),
 		granted:   g,
@@ -370,7 +382,7 @@ func (f *Forwarder) sweep(ctx context.Context, now int64, all bool) {
 				continue
 			}
 			left := l.left.Load()
-			if !all && now < l.end && (!l.short || now-l.lastUse.Load() < l.idleFor(left)) {
+			if !all && now < l.end && l.peer.holds() && (!l.short || now-l.lastUse.Load() < l.idleFor(left)) {
 				continue
 			}
 			if !s.cur.CompareAndSwap(l, nil) {

@@ -267,3 +267,21 @@ func TestLeaseIdleReturns(t *testing.T) {
 		t.Errorf("owner counts %d after the idle lease's return, want 51", st.Count)
 	}
 }
+
+func TestLeaseNotUsedWhileItsOwnerIsSuspect(t *testing.T) {
+	nodes, _ := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a := nodes["a"]
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1}
+	apply1(a.f, a.now, op)
+	p := (*a.f.peers.Load())["b"]
+	p.suspect.Store(true)
+	used := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used")
+	apply1(a.f, a.now, op)
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used"); got != used {
+		t.Errorf("a hit was taken from a lease of a suspect owner")
+	}
+	a.f.sweep(context.Background(), a.now, false)
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "expired") + leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "returned"); got != leaseMinWant {
+		t.Errorf("the suspect owner's lease ended with %v hits given back or lost, want %d", got, leaseMinWant)
+	}
+}

@@ -51,6 +51,7 @@ type peerClient struct {
 	onTime       atomic.Int64  // f.mono() when p last answered a waiter in time (0: never)
 	suspectSince atomic.Int64  // f.mono() when suspect was set
 	wake         chan struct{} // capacity 1: wakes the probe
+	gone         atomic.Bool   // set when close begins
 	closeOnce    sync.Once
 	closeErr     error
 }
@@ -82,6 +83,10 @@ func newPeerClient(f *Forwarder, id, addr string) (*peerClient, error) {
 	go p.probeLoop()
 	return p, nil
 }
+
+// holds reports whether leases this peer granted may be used: it is not
+// suspect and its client is not closed (it left this node's peers).
+func (p *peerClient) holds() bool { return !p.suspect.Load() && !p.gone.Load() }
 
 // enqueue queues it without blocking. ok is false when the queue is full or
 // the client is closed (closed is then true).
@@ -135,6 +140,7 @@ func (p *peerClient) noteRTT(d time.Duration) {
 // fails the ops still queued and closes the connection. Idempotent.
 func (p *peerClient) close() error {
 	p.closeOnce.Do(func() {
+		p.gone.Store(true)
 		close(p.done)
 		p.stop()
 		p.wg.Wait()
