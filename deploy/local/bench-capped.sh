@@ -7,6 +7,8 @@
 #   hot      one client IP, under its limit
 #   seed     the seed's limit (100 per minute per remote_address + PATH),
 #            uniform over BENCH_CAP_IPS client IPs, each well over it
+# and, once per setup, 40 keys at 50 per hour sent 100 hits each: every key
+# must allow exactly 50 (fails the script otherwise).
 # Every run goes to fresh keys (its own PATH or bench_run value), so no run
 # finds its windows spent by an earlier one, and ringlimit bench --limits
 # counts early refusals and hits over the limit. Any hit over the limit
@@ -172,6 +174,10 @@ descriptors:
         rate_limit:
           unit: hour
           requests_per_unit: 1000000000
+      - key: bench_exact
+        rate_limit:
+          unit: hour
+          requests_per_unit: 50
 EOF
 
 # --- servers ---------------------------------------------------------------------
@@ -273,6 +279,20 @@ for r in $(seq 1 "$ROUNDS"); do
 		done
 	done
 done
+# --- exactness: 40 keys x limit 50, 100 hits each, through every node of a setup --
+exact_bad=0
+echo
+echo "exact: 40 keys at 50 per hour, 100 hits each (4,000 calls, c=$C) through every node of a setup"
+for s in "${setups[@]}"; do
+	tv=targets_$s
+	f="$OUT/exact-$s.json"
+	load "$OUT/exact-$s.txt" --addr "${!tv}" -n 4000 -c "$C" --connections "$CONNS" --keys 40 \
+		--descriptor "remote_address={ip},bench_exact=exact-$s-$$" --deadline "$DEADLINE" --limits --json-file "$f"
+	ok=$(grep -o '"ok": [0-9]*' "$f" | head -1 | awk '{ print $2 }')
+	over=$(grep -o '"over_limit_hits": [0-9]*' "$f" | awk '{ print $2 }')
+	printf '  %-12s %5s allowed (want 2000 = 40 x 50), %s over the limit\n' "$(label "$s")" "$ok" "${over:-?}"
+	[ "$ok" = 2000 ] || exact_bad=1
+done
 cleanup
 
 # --- tables: one per load, ratios to one node ----------------------------------
@@ -299,6 +319,11 @@ for c in "${cases[@]}"; do
 		fi
 	done
 done
+if [ "$exact_bad" -gt 0 ]; then
+	echo
+	echo "FAILED: a setup did not allow exactly 50 hits to each of the 40 keys; see $OUT/exact-*.txt" >&2
+	exit 1
+fi
 if [ "$overs" -gt 0 ]; then
 	echo
 	echo "FAILED: $overs hits allowed over the limit (must be 0); see the reports in $OUT" >&2
