@@ -269,9 +269,7 @@ func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
 	it.slot = nil
 	defer s.asking.Store(0)
 	g := res.GetLeased()
-	if g == 0 || res.GetLeaseTtlNs() <= 0 || f.leasesOff.Load() {
-		// An answer granted after ReturnLeases was asked for before it:
-		// its quota stays counted as used.
+	if g == 0 || res.GetLeaseTtlNs() <= 0 {
 		return
 	}
 	f.m.leases.granted.Inc()
@@ -293,6 +291,12 @@ func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
 	l.short = l.base > it.op.Limit.Capacity()/2
 	l.left.Store(g)
 	l.lastUse.Store(it.now)
+	if f.leasesOff.Load() {
+		// Asked for before ReturnLeases: it goes back with the next sweep
+		// (Close sweeps too).
+		f.giveBack(l, l.left.Swap(0), it.now)
+		return
+	}
 	old := s.cur.Swap(l)
 	if old == nil {
 		return

@@ -285,3 +285,24 @@ func TestLeaseNotUsedWhileItsOwnerIsSuspect(t *testing.T) {
 		t.Errorf("the suspect owner's lease ended with %v hits given back or lost, want %d", got, leaseMinWant)
 	}
 }
+
+// TestLeaseHitAllocs: a hit decided from a lease allocates nothing.
+func TestLeaseHitAllocs(t *testing.T) {
+	nodes, _ := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a := nodes["a"]
+	ops := []bucket.Op{{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1 << 40, Unit: int64(time.Minute)}, Hits: 1}}
+	res := make([]bucket.Result, 1)
+	ctx := context.Background()
+	// Grow the lease past the runs below: each spent lease doubles.
+	for range 2000 {
+		a.f.Apply(ctx, a.now, ops, res)
+	}
+	used := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used")
+	allocs := testing.AllocsPerRun(500, func() { a.f.Apply(ctx, a.now, ops, res) })
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used"); got < used+500 {
+		t.Fatalf("only %v of the 501 runs were decided from the lease", got-used)
+	}
+	if allocs != 0 {
+		t.Errorf("a hit decided from a lease allocates %v times, want 0", allocs)
+	}
+}
