@@ -593,14 +593,18 @@ func seedRequest(domain, path string) *rlspb.RateLimitRequest {
 	}
 }
 
-// checkSharedLimit sends the seed's descriptor through every node in turn:
-// the 100-a-minute limit is counted once for the whole cluster, so hits
-// 1..100 are OK, whichever node they land on, and the next is over the limit
-// on every node. fallbacks sums the cluster's local fallbacks: a call whose
-// owner stalled for more than the entry node's 250 ms wait (a loaded machine)
-// is decided on the entry node's own counter, so a check during which one
-// happened is run again with a new key, as is one that a minute boundary
-// cut (at most three runs in all).
+// checkSharedLimit sends the seed's descriptor through every node in turn,
+// 130 hits (three nodes): the 100-a-minute limit is counted once for the
+// whole cluster, so exactly 100 of them are allowed, whichever nodes they
+// land on. With quota leases a node decides some hits from a share of the
+// key's quota its owner counted first, so a node may refuse a hit while
+// another still holds unused quota (an early refusal), which that node then
+// allows: the total is exact, the order near the limit need not be. The
+// first answer must carry the limit. fallbacks sums the cluster's local
+// fallbacks: a call whose owner stalled for more than the entry node's
+// 250 ms wait (a loaded machine) is decided on the entry node's own counter,
+// so a check during which one happened is run again with a new key, as is
+// one that a minute boundary cut (at most three runs in all).
 func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, domain string, fallbacks func() float64) {
 	t.Helper()
 	const limit = 100
@@ -615,14 +619,21 @@ func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, doma
 		}
 		return resp
 	}
+	hits := limit + 10*len(clients)
 	for attempt := 0; attempt < 3; attempt++ {
 		fb := fallbacks()
 		path := fmt.Sprintf("GET /e2e/%d", time.Now().UnixNano())
 		first := call(0, path)
-		var wrong string // the first mismatch, if any
+		if got := first.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit(); got != limit {
+			t.Fatalf("first call: limit %d, want %d: %v", got, limit, first)
+		}
+		allowed := 0
+		if first.GetOverallCode() == rlspb.RateLimitResponse_OK {
+			allowed++
+		}
 		rolled := false
 		prev := first.GetStatuses()[0].GetDurationUntilReset().AsDuration()
-		for i := 1; i <= limit+len(clients)-1 && !rolled && wrong == ""; i++ {
+		for i := 1; i < hits && !rolled; i++ {
 			resp := call(i, path)
 			st := resp.GetStatuses()[0]
 			if d := st.GetDurationUntilReset().AsDuration(); d > prev+time.Second {
@@ -630,27 +641,23 @@ func checkSharedLimit(t *testing.T, clients []rlspb.RateLimitServiceClient, doma
 				break
 			}
 			prev = st.GetDurationUntilReset().AsDuration()
-			wantOver := i >= limit
-			switch got := resp.GetOverallCode() == rlspb.RateLimitResponse_OVER_LIMIT; {
-			case got != wantOver:
-				wrong = fmt.Sprintf("hit %d via node %d: overall %v (remaining %d), want over limit: %v",
-					i+1, i%len(clients), resp.GetOverallCode(), st.GetLimitRemaining(), wantOver)
-			case !wantOver && st.GetLimitRemaining() != uint32(limit-1-i):
-				wrong = fmt.Sprintf("hit %d via node %d: remaining %d, want %d: the nodes do not share one counter",
-					i+1, i%len(clients), st.GetLimitRemaining(), limit-1-i)
+			if resp.GetOverallCode() == rlspb.RateLimitResponse_OK {
+				allowed++
 			}
 		}
+		var wrong string
+		if allowed != limit {
+			wrong = fmt.Sprintf("%d of %d hits through %d nodes allowed, want exactly %d: the nodes do not share one counter",
+				allowed, hits, len(clients), limit)
+		}
 		switch {
+		case rolled:
+			t.Log("the minute window rolled over during the check; once more with a new key")
 		case wrong != "" && fallbacks() == fb:
 			t.Fatal(wrong)
 		case wrong != "":
 			t.Logf("%s, with a local fallback during the check (a stalled owner); once more with a new key", wrong)
-		case rolled:
-			t.Log("the minute window rolled over during the check; once more with a new key")
 		default:
-			if first.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != limit {
-				t.Fatalf("first call: %v", first)
-			}
 			return
 		}
 	}
