@@ -38,6 +38,7 @@ type simCluster struct {
 	brk     Break
 	start   time.Time
 	stops   sync.WaitGroup // drains and kills in progress
+	procs   []*simNode     // every node process started, stopped ones included
 }
 
 func newCluster(s *Schedule, log *slog.Logger, brk Break) (*simCluster, error) {
@@ -98,6 +99,7 @@ func (c *simCluster) startNode(i int) error {
 	if err != nil {
 		return err
 	}
+	c.procs = append(c.procs, n)
 	m.node, m.done, m.live, m.frozen = n, make(chan struct{}), true, false
 	return nil
 }
@@ -232,6 +234,17 @@ func (c *simCluster) rings() map[string][]string {
 		}
 	}
 	return out
+}
+
+// leases sums LeaseStats over every node process the run started.
+func (c *simCluster) leases() (LeaseStats, error) {
+	var st LeaseStats
+	for _, n := range c.procs {
+		if err := n.leases(&st); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
 }
 
 // close stops everything the cluster started: it waits for the drains and

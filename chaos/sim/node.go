@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -64,7 +65,8 @@ type simNode struct {
 	clk    *clock.Freezable
 	node   *cluster.Node
 	gs     *grpc.Server
-	served chan struct{} // closed when gs.Serve returns
+	served chan struct{}        // closed when gs.Serve returns
+	reg    *prometheus.Registry // the node's metrics
 }
 
 // startNode starts a node on s.Host: membership on its gossip port, the
@@ -81,6 +83,7 @@ func startNode(s nodeSpec) (*simNode, error) {
 		return nil, err
 	}
 	clk := s.Clock
+	reg := prometheus.NewRegistry()
 	cfg := cluster.NodeConfig{
 		Membership: membership.Config{
 			ID:        s.ID,
@@ -98,7 +101,8 @@ func startNode(s nodeSpec) (*simNode, error) {
 			grpc.WithContextDialer(s.Host.Dial),
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 		},
-		Logger: s.Logger,
+		Logger:     s.Logger,
+		Registerer: reg,
 	}
 	switch s.Break {
 	case BreakRelay:
@@ -114,7 +118,7 @@ func startNode(s nodeSpec) (*simNode, error) {
 	}
 	gs := grpc.NewServer(transport.ServerOptions()...)
 	n.Register(gs)
-	sn := &simNode{id: s.ID, clk: clk, node: n, gs: gs, served: make(chan struct{})}
+	sn := &simNode{id: s.ID, clk: clk, node: n, gs: gs, served: make(chan struct{}), reg: reg}
 	go func() {
 		defer close(sn.served)
 		gs.Serve(lis)
@@ -181,4 +185,48 @@ type nodeStatus struct {
 func (n *simNode) status() (nodeStatus, error) {
 	st := n.node.Status()
 	return nodeStatus{Ready: st.Ready, Ring: st.Ring}, nil
+}
+
+// LeaseStats is what the nodes' metrics say of quota leases, summed over
+// every node process of a run, stopped ones included.
+type LeaseStats struct {
+	// Used is the hits entry nodes decided from a lease
+	// (ringlimit_leased_hits_total{event="used"}): in the simulation, one
+	// per answer.
+	Used uint64
+	// Granted, Returned and Expired count leases at their entry nodes
+	// (ringlimit_leases_total): granted, and ended with unused quota the
+	// owner took back or that stayed counted as used.
+	Granted, Returned, Expired uint64
+}
+
+// leases adds what the node's metrics say of leases to st. It may be
+// called once the node has stopped.
+func (n *simNode) leases(st *LeaseStats) error {
+	mfs, err := n.reg.Gather()
+	if err != nil {
+		return fmt.Errorf("sim: read %s's metrics: %w", n.id, err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var event string
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "event" {
+					event = l.GetValue()
+				}
+			}
+			v := uint64(m.GetCounter().GetValue())
+			switch mf.GetName() + "/" + event {
+			case "ringlimit_leased_hits_total/used":
+				st.Used += v
+			case "ringlimit_leases_total/granted":
+				st.Granted += v
+			case "ringlimit_leases_total/returned":
+				st.Returned += v
+			case "ringlimit_leases_total/expired":
+				st.Expired += v
+			}
+		}
+	}
+	return nil
 }

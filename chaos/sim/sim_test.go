@@ -66,6 +66,8 @@ func TestSim(t *testing.T) {
 		mu         sync.Mutex
 		violations int
 		ran        int
+		answers    int
+		leases     LeaseStats
 	)
 	wall := time.Now()
 	t.Run("seeds", func(t *testing.T) {
@@ -80,16 +82,23 @@ func TestSim(t *testing.T) {
 				if *flagTrace != "" {
 					opts.Trace = strings.Split(*flagTrace, ",")
 				}
-				n := runSeed(t, opts)
+				n, res := runSeed(t, opts)
 				mu.Lock()
 				violations += n
 				ran++
+				if res != nil {
+					answers += res.Calls
+					leases.add(res.Leases)
+				}
 				mu.Unlock()
 			})
 		}
 	})
 	if testing.Verbose() || *flagSeeds > 0 {
 		fmt.Printf("sim: wall time %v\n", time.Since(wall).Round(100*time.Millisecond))
+	}
+	if ran > 0 {
+		fmt.Printf("sim: %s\n", leases.summary(answers))
 	}
 	fmt.Printf("sim: %d seeds, %d violations\n", ran, violations)
 	if violations > 0 {
@@ -98,8 +107,8 @@ func TestSim(t *testing.T) {
 }
 
 // runSeed runs one seed (-sim.repeat times) and reports it; it returns its
-// violations.
-func runSeed(t *testing.T, opts Options) int {
+// violations and its first run's result (nil if it did not end).
+func runSeed(t *testing.T, opts Options) (int, *Result) {
 	var first *Result
 	var digests, diffs []string
 	replayViolations := 0 // in the runs after the first
@@ -113,7 +122,7 @@ func runSeed(t *testing.T, opts Options) int {
 			}
 		})
 		if res == nil {
-			return 1
+			return 1, nil
 		}
 		digests = append(digests, fmt.Sprintf("%s/%s/%d", res.Answers, res.Windows, len(res.Violations)))
 		if i == 0 {
@@ -130,8 +139,8 @@ func runSeed(t *testing.T, opts Options) int {
 	if res.Converged >= 0 {
 		conv = res.Converged.String()
 	}
-	fmt.Printf("seed %d: %d nodes (%d hosts), %d faults, %d answers, worst +%d %s, converged %v after the last fault, %d violations (%v wall)\n",
-		opts.Seed, s.Initial, s.Hosts, len(s.Faults), res.Calls, res.Worst, res.WorstKey, conv, len(res.Violations),
+	fmt.Printf("seed %d: %d nodes (%d hosts), %d faults, %s, worst +%d %s, converged %v after the last fault, %d violations (%v wall)\n",
+		opts.Seed, s.Initial, s.Hosts, len(s.Faults), res.Leases.summary(res.Calls), res.Worst, res.WorstKey, conv, len(res.Violations),
 		(time.Since(wall) / time.Duration(len(digests))).Round(10*time.Millisecond))
 	if len(digests) > 1 {
 		fmt.Printf("seed %d: digests (answers/windows/violations) of %d runs: %s\n", opts.Seed, len(digests), strings.Join(digests, " "))
@@ -150,7 +159,7 @@ func runSeed(t *testing.T, opts Options) int {
 		if replayViolations > 0 {
 			t.Errorf("seed %d: no violation in its first run, %d in its replays (digests above): replay it with -sim.repeat", opts.Seed, replayViolations)
 		}
-		return replayViolations
+		return replayViolations, res
 	}
 	var b strings.Builder
 	for i, v := range res.Violations {
@@ -183,7 +192,20 @@ func runSeed(t *testing.T, opts Options) int {
 	}
 	t.Logf("replay: %s", replay)
 	fmt.Printf("seed %d: replay: %s\n", opts.Seed, replay)
-	return len(res.Violations)
+	return len(res.Violations), res
+}
+
+func (l *LeaseStats) add(o LeaseStats) {
+	l.Used += o.Used
+	l.Granted += o.Granted
+	l.Returned += o.Returned
+	l.Expired += o.Expired
+}
+
+// summary says how many of answers were decided from leases, and what
+// became of the leases.
+func (l LeaseStats) summary(answers int) string {
+	return fmt.Sprintf("%d answers, %d from leases (%d leases: %d returned, %d expired)", answers, l.Used, l.Granted, l.Returned, l.Expired)
 }
 
 // TestSimRestartInsideFailureDetection replays seed 99, whose owner is
