@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/cluster/clock"
@@ -39,6 +40,7 @@ type simCluster struct {
 	start   time.Time
 	stops   sync.WaitGroup // drains and kills in progress
 	procs   []*simNode     // every node process started, stopped ones included
+	dropped atomic.Uint64  // lease grants BreakLease stores did not count
 }
 
 func newCluster(s *Schedule, log *slog.Logger, brk Break) (*simCluster, error) {
@@ -89,12 +91,13 @@ func (c *simCluster) startNode(i int) error {
 	}
 	m.clk = clock.NewFreezable(nil)
 	n, err := startNode(nodeSpec{
-		ID:     m.id,
-		Host:   m.host,
-		Join:   c.joinList(i),
-		Clock:  m.clk,
-		Logger: c.log.With("node", m.id),
-		Break:  c.brk,
+		ID:      m.id,
+		Host:    m.host,
+		Join:    c.joinList(i),
+		Clock:   m.clk,
+		Logger:  c.log.With("node", m.id),
+		Break:   c.brk,
+		Dropped: &c.dropped,
 	})
 	if err != nil {
 		return err
@@ -238,7 +241,7 @@ func (c *simCluster) rings() map[string][]string {
 
 // leases sums LeaseStats over every node process the run started.
 func (c *simCluster) leases() (LeaseStats, error) {
-	var st LeaseStats
+	st := LeaseStats{Uncounted: c.dropped.Load()}
 	for _, n := range c.procs {
 		if err := n.leases(&st); err != nil {
 			return st, err

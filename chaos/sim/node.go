@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -20,6 +21,7 @@ import (
 	"github.com/ringlimit/ringlimit/cluster"
 	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 	"github.com/ringlimit/ringlimit/cluster/simnet"
 	"github.com/ringlimit/ringlimit/cluster/transport"
 )
@@ -46,7 +48,32 @@ const (
 	NoBreak          Break = ""
 	BreakRelay       Break = "relay"       // no join relay (NodeConfig.JoinRelay < 0)
 	BreakReplication Break = "replication" // replication never ships on its own (an hour's interval)
+	BreakLease       Break = "lease"       // owners grant leases without counting them (leakyStore)
 )
+
+// leakyStore is the store of a node built with BreakLease: it answers a
+// StopOnOver op as if it added the hits but changes nothing, so that the
+// node, as a key's owner, grants leases (applied as StopOnOver ops, see
+// transport's Forwarder.grant) without counting or replicating their
+// quota. The simulation's calls are all Consume ops: in it, the StopOnOver
+// ops are the lease grants. Dropped counts the grants it did not count.
+type leakyStore struct {
+	*bucket.Store
+	dropped *atomic.Uint64
+}
+
+func (s leakyStore) ApplyState(now int64, op *bucket.Op) (bucket.Result, bucket.State, bool) {
+	if op.Mode != bucket.StopOnOver {
+		return s.Store.ApplyState(now, op)
+	}
+	peek := *op
+	peek.Mode = bucket.Peek
+	r, _, _ := s.Store.ApplyState(now, &peek)
+	if !r.Over {
+		s.dropped.Add(1)
+	}
+	return r, bucket.State{}, false
+}
 
 // nodeSpec is what a simulated node is built from.
 type nodeSpec struct {
@@ -56,6 +83,8 @@ type nodeSpec struct {
 	Clock  *clock.Freezable
 	Logger *slog.Logger
 	Break  Break
+	// Dropped counts the lease grants a BreakLease store did not count.
+	Dropped *atomic.Uint64
 }
 
 // simNode is one ringlimit process on a simulated host: its cluster.Node
@@ -84,6 +113,10 @@ func startNode(s nodeSpec) (*simNode, error) {
 	}
 	clk := s.Clock
 	reg := prometheus.NewRegistry()
+	var store replication.Store = bucket.NewStore(bucket.StoreConfig{})
+	if s.Break == BreakLease {
+		store = leakyStore{bucket.NewStore(bucket.StoreConfig{}), s.Dropped}
+	}
 	cfg := cluster.NodeConfig{
 		Membership: membership.Config{
 			ID:        s.ID,
@@ -92,7 +125,7 @@ func startNode(s nodeSpec) (*simNode, error) {
 			Join:      s.Join,
 			Logger:    s.Logger,
 		},
-		Store:  bucket.NewStore(bucket.StoreConfig{}),
+		Store:  store,
 		Timing: cluster.LAN(),
 		// Frozen with its host, the clock holds the node's timers, and its
 		// pause detector sees the gap at the thaw.
@@ -198,6 +231,8 @@ type LeaseStats struct {
 	// (ringlimit_leases_total): granted, and ended with unused quota the
 	// owner took back or that stayed counted as used.
 	Granted, Returned, Expired uint64
+	// Uncounted is the lease grants BreakLease owners did not count.
+	Uncounted uint64
 }
 
 // leases adds what the node's metrics say of leases to st. It may be

@@ -119,6 +119,10 @@ func Run(opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	if opts.Break == BreakLease && leases.Granted > 0 && leases.Uncounted == 0 {
+		// leakyStore no longer sees the grants: the break breaks nothing.
+		return nil, fmt.Errorf("sim: seed %d: %d leases granted, none of them left uncounted by the lease break", opts.Seed, leases.Granted)
+	}
 	res := r.result(logs.String())
 	res.Leases = leases
 	return res, nil

@@ -18,7 +18,7 @@ var (
 	flagSeed     = flag.Uint64("sim.seed", 0, "replay this one seed (with its full debug log)")
 	flagNodes    = flag.Int("sim.nodes", 0, "initial cluster size (0: drawn from each seed, 3 to 50)")
 	flagMaxNodes = flag.Int("sim.maxnodes", 0, "most nodes joins may bring a cluster to (0: 50)")
-	flagBreak    = flag.String("sim.break", "", "build the nodes with a defect: relay (no join relay) or replication (replication never ships)")
+	flagBreak    = flag.String("sim.break", "", "build the nodes with a defect: relay (no join relay), replication (replication never ships) or lease (owners grant leases without counting them)")
 	flagVerbose  = flag.Bool("sim.v", false, "print each seed's schedule, result and log")
 	flagRepeat   = flag.Int("sim.repeat", 1, "run each seed this many times and compare the digests of their answers")
 	flagLogDir   = flag.String("sim.logdir", "", "write each failing seed's log to this directory")
@@ -41,9 +41,9 @@ const (
 func TestSim(t *testing.T) {
 	brk := Break(*flagBreak)
 	switch brk {
-	case NoBreak, BreakRelay, BreakReplication:
+	case NoBreak, BreakRelay, BreakReplication, BreakLease:
 	default:
-		t.Fatalf("-sim.break=%q: want relay or replication", *flagBreak)
+		t.Fatalf("-sim.break=%q: want relay, replication or lease", *flagBreak)
 	}
 	var seeds []uint64
 	maxNodes, level := *flagMaxNodes, slog.LevelInfo
@@ -200,12 +200,17 @@ func (l *LeaseStats) add(o LeaseStats) {
 	l.Granted += o.Granted
 	l.Returned += o.Returned
 	l.Expired += o.Expired
+	l.Uncounted += o.Uncounted
 }
 
 // summary says how many of answers were decided from leases, and what
 // became of the leases.
 func (l LeaseStats) summary(answers int) string {
-	return fmt.Sprintf("%d answers, %d from leases (%d leases: %d returned, %d expired)", answers, l.Used, l.Granted, l.Returned, l.Expired)
+	s := fmt.Sprintf("%d answers, %d from leases (%d leases: %d returned, %d expired", answers, l.Used, l.Granted, l.Returned, l.Expired)
+	if l.Uncounted > 0 {
+		s += fmt.Sprintf("; %d grants not counted", l.Uncounted)
+	}
+	return s + ")"
 }
 
 // TestSimRestartInsideFailureDetection replays seed 99, whose owner is
