@@ -100,7 +100,7 @@ chaos:
 # nodes on a simulated network and virtual time, every answer checked against
 # docs/consistency.md's bounds (about two minutes here). A failing seed prints
 # `replay: make sim SIM_SEED=n`; SIM_SEED=n runs that one with its debug log;
-# SIM_BREAK=relay|replication builds the nodes with that defect on purpose.
+# SIM_BREAK=relay|replication|lease builds the nodes with that defect on purpose.
 # The last line is `sim: N seeds, M violations`; make test runs a short version.
 SIM_SEEDS    ?= 30
 SIM_SEED     ?=

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ringlimit/ringlimit/cluster/clock"
@@ -38,6 +39,8 @@ type simCluster struct {
 	brk     Break
 	start   time.Time
 	stops   sync.WaitGroup // drains and kills in progress
+	procs   []*simNode     // every node process started, stopped ones included
+	dropped atomic.Uint64  // lease grants BreakLease stores did not count
 }
 
 func newCluster(s *Schedule, log *slog.Logger, brk Break) (*simCluster, error) {
@@ -88,16 +91,18 @@ func (c *simCluster) startNode(i int) error {
 	}
 	m.clk = clock.NewFreezable(nil)
 	n, err := startNode(nodeSpec{
-		ID:     m.id,
-		Host:   m.host,
-		Join:   c.joinList(i),
-		Clock:  m.clk,
-		Logger: c.log.With("node", m.id),
-		Break:  c.brk,
+		ID:      m.id,
+		Host:    m.host,
+		Join:    c.joinList(i),
+		Clock:   m.clk,
+		Logger:  c.log.With("node", m.id),
+		Break:   c.brk,
+		Dropped: &c.dropped,
 	})
 	if err != nil {
 		return err
 	}
+	c.procs = append(c.procs, n)
 	m.node, m.done, m.live, m.frozen = n, make(chan struct{}), true, false
 	return nil
 }
@@ -232,6 +237,17 @@ func (c *simCluster) rings() map[string][]string {
 		}
 	}
 	return out
+}
+
+// leases sums LeaseStats over every node process the run started.
+func (c *simCluster) leases() (LeaseStats, error) {
+	st := LeaseStats{Uncounted: c.dropped.Load()}
+	for _, n := range c.procs {
+		if err := n.leases(&st); err != nil {
+			return st, err
+		}
+	}
+	return st, nil
 }
 
 // close stops everything the cluster started: it waits for the drains and

@@ -10,8 +10,10 @@ import (
 	"log/slog"
 	"net"
 	"strconv"
+	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 
@@ -19,6 +21,7 @@ import (
 	"github.com/ringlimit/ringlimit/cluster"
 	"github.com/ringlimit/ringlimit/cluster/clock"
 	"github.com/ringlimit/ringlimit/cluster/membership"
+	"github.com/ringlimit/ringlimit/cluster/replication"
 	"github.com/ringlimit/ringlimit/cluster/simnet"
 	"github.com/ringlimit/ringlimit/cluster/transport"
 )
@@ -45,7 +48,32 @@ const (
 	NoBreak          Break = ""
 	BreakRelay       Break = "relay"       // no join relay (NodeConfig.JoinRelay < 0)
 	BreakReplication Break = "replication" // replication never ships on its own (an hour's interval)
+	BreakLease       Break = "lease"       // owners grant leases without counting them (leakyStore)
 )
+
+// leakyStore is the store of a node built with BreakLease: it answers a
+// StopOnOver op as if it added the hits but changes nothing, so that the
+// node, as a key's owner, grants leases (applied as StopOnOver ops, see
+// transport's Forwarder.grant) without counting or replicating their
+// quota. The simulation's calls are all Consume ops: in it, the StopOnOver
+// ops are the lease grants. Dropped counts the grants it did not count.
+type leakyStore struct {
+	*bucket.Store
+	dropped *atomic.Uint64
+}
+
+func (s leakyStore) ApplyState(now int64, op *bucket.Op) (bucket.Result, bucket.State, bool) {
+	if op.Mode != bucket.StopOnOver {
+		return s.Store.ApplyState(now, op)
+	}
+	peek := *op
+	peek.Mode = bucket.Peek
+	r, _, _ := s.Store.ApplyState(now, &peek)
+	if !r.Over {
+		s.dropped.Add(1)
+	}
+	return r, bucket.State{}, false
+}
 
 // nodeSpec is what a simulated node is built from.
 type nodeSpec struct {
@@ -55,6 +83,8 @@ type nodeSpec struct {
 	Clock  *clock.Freezable
 	Logger *slog.Logger
 	Break  Break
+	// Dropped counts the lease grants a BreakLease store did not count.
+	Dropped *atomic.Uint64
 }
 
 // simNode is one ringlimit process on a simulated host: its cluster.Node
@@ -64,7 +94,8 @@ type simNode struct {
 	clk    *clock.Freezable
 	node   *cluster.Node
 	gs     *grpc.Server
-	served chan struct{} // closed when gs.Serve returns
+	served chan struct{}        // closed when gs.Serve returns
+	reg    *prometheus.Registry // the node's metrics
 }
 
 // startNode starts a node on s.Host: membership on its gossip port, the
@@ -81,6 +112,11 @@ func startNode(s nodeSpec) (*simNode, error) {
 		return nil, err
 	}
 	clk := s.Clock
+	reg := prometheus.NewRegistry()
+	var store replication.Store = bucket.NewStore(bucket.StoreConfig{})
+	if s.Break == BreakLease {
+		store = leakyStore{bucket.NewStore(bucket.StoreConfig{}), s.Dropped}
+	}
 	cfg := cluster.NodeConfig{
 		Membership: membership.Config{
 			ID:        s.ID,
@@ -89,7 +125,7 @@ func startNode(s nodeSpec) (*simNode, error) {
 			Join:      s.Join,
 			Logger:    s.Logger,
 		},
-		Store:  bucket.NewStore(bucket.StoreConfig{}),
+		Store:  store,
 		Timing: cluster.LAN(),
 		// Frozen with its host, the clock holds the node's timers, and its
 		// pause detector sees the gap at the thaw.
@@ -98,7 +134,8 @@ func startNode(s nodeSpec) (*simNode, error) {
 			grpc.WithContextDialer(s.Host.Dial),
 			grpc.WithTransportCredentials(insecure.NewCredentials()),
 		},
-		Logger: s.Logger,
+		Logger:     s.Logger,
+		Registerer: reg,
 	}
 	switch s.Break {
 	case BreakRelay:
@@ -114,7 +151,7 @@ func startNode(s nodeSpec) (*simNode, error) {
 	}
 	gs := grpc.NewServer(transport.ServerOptions()...)
 	n.Register(gs)
-	sn := &simNode{id: s.ID, clk: clk, node: n, gs: gs, served: make(chan struct{})}
+	sn := &simNode{id: s.ID, clk: clk, node: n, gs: gs, served: make(chan struct{}), reg: reg}
 	go func() {
 		defer close(sn.served)
 		gs.Serve(lis)
@@ -181,4 +218,50 @@ type nodeStatus struct {
 func (n *simNode) status() (nodeStatus, error) {
 	st := n.node.Status()
 	return nodeStatus{Ready: st.Ready, Ring: st.Ring}, nil
+}
+
+// LeaseStats is what the nodes' metrics say of quota leases, summed over
+// every node process of a run, stopped ones included.
+type LeaseStats struct {
+	// Used is the hits entry nodes decided from a lease
+	// (ringlimit_leased_hits_total{event="used"}): in the simulation, one
+	// per answer.
+	Used uint64
+	// Granted, Returned and Expired count leases at their entry nodes
+	// (ringlimit_leases_total): granted, and ended with unused quota the
+	// owner took back or that stayed counted as used.
+	Granted, Returned, Expired uint64
+	// Uncounted is the lease grants BreakLease owners did not count.
+	Uncounted uint64
+}
+
+// leases adds what the node's metrics say of leases to st. It may be
+// called once the node has stopped.
+func (n *simNode) leases(st *LeaseStats) error {
+	mfs, err := n.reg.Gather()
+	if err != nil {
+		return fmt.Errorf("sim: read %s's metrics: %w", n.id, err)
+	}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			var event string
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "event" {
+					event = l.GetValue()
+				}
+			}
+			v := uint64(m.GetCounter().GetValue())
+			switch mf.GetName() + "/" + event {
+			case "ringlimit_leased_hits_total/used":
+				st.Used += v
+			case "ringlimit_leases_total/granted":
+				st.Granted += v
+			case "ringlimit_leases_total/returned":
+				st.Returned += v
+			case "ringlimit_leases_total/expired":
+				st.Expired += v
+			}
+		}
+	}
+	return nil
 }

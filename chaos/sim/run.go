@@ -45,8 +45,11 @@ type Result struct {
 	// allowed per key and window. Equal digests mean a run replayed
 	// exactly (Answers) or counted alike (Windows).
 	Answers, Windows string
-	Log              string // the nodes' and the simulation's logs
-	Trace            string // the answers for Options.Trace's keys
+	// Leases is what the nodes' metrics say of quota leases, read once
+	// every node has stopped.
+	Leases LeaseStats
+	Log    string // the nodes' and the simulation's logs
+	Trace  string // the answers for Options.Trace's keys
 
 	answers []uint64          // per call: entry node, over and count of each descriptor
 	windows map[window]uint64 // hits allowed per key and window
@@ -112,7 +115,17 @@ func Run(opts Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
-	return r.result(logs.String()), nil
+	leases, err := c.leases()
+	if err != nil {
+		return nil, err
+	}
+	if opts.Break == BreakLease && leases.Granted > 0 && leases.Uncounted == 0 {
+		// leakyStore no longer sees the grants: the break breaks nothing.
+		return nil, fmt.Errorf("sim: seed %d: %d leases granted, none of them left uncounted by the lease break", opts.Seed, leases.Granted)
+	}
+	res := r.result(logs.String())
+	res.Leases = leases
+	return res, nil
 }
 
 // record is one call's answer.

@@ -18,7 +18,7 @@ var (
 	flagSeed     = flag.Uint64("sim.seed", 0, "replay this one seed (with its full debug log)")
 	flagNodes    = flag.Int("sim.nodes", 0, "initial cluster size (0: drawn from each seed, 3 to 50)")
 	flagMaxNodes = flag.Int("sim.maxnodes", 0, "most nodes joins may bring a cluster to (0: 50)")
-	flagBreak    = flag.String("sim.break", "", "build the nodes with a defect: relay (no join relay) or replication (replication never ships)")
+	flagBreak    = flag.String("sim.break", "", "build the nodes with a defect: relay (no join relay), replication (replication never ships) or lease (owners grant leases without counting them)")
 	flagVerbose  = flag.Bool("sim.v", false, "print each seed's schedule, result and log")
 	flagRepeat   = flag.Int("sim.repeat", 1, "run each seed this many times and compare the digests of their answers")
 	flagLogDir   = flag.String("sim.logdir", "", "write each failing seed's log to this directory")
@@ -37,16 +37,19 @@ const (
 // TestSim runs the simulation over seeds 1 to -sim.seeds (or the one
 // -sim.seed), in parallel up to -test.parallel (GOMAXPROCS), and prints
 // `sim: N seeds, M violations` last. A failing seed prints its violations
-// and how to replay it.
+// and how to replay it. In the short run, a seed whose entry nodes decided
+// no answer from a quota lease fails too: nodes lease by default, and
+// every seed forwards enough hits for some.
 func TestSim(t *testing.T) {
 	brk := Break(*flagBreak)
 	switch brk {
-	case NoBreak, BreakRelay, BreakReplication:
+	case NoBreak, BreakRelay, BreakReplication, BreakLease:
 	default:
-		t.Fatalf("-sim.break=%q: want relay or replication", *flagBreak)
+		t.Fatalf("-sim.break=%q: want relay, replication or lease", *flagBreak)
 	}
 	var seeds []uint64
 	maxNodes, level := *flagMaxNodes, slog.LevelInfo
+	short := false
 	switch {
 	case *flagSeed != 0:
 		seeds, level = []uint64{*flagSeed}, slog.LevelDebug
@@ -55,6 +58,7 @@ func TestSim(t *testing.T) {
 			seeds = append(seeds, uint64(s+1))
 		}
 	default:
+		short = true
 		for s := range shortSeeds {
 			seeds = append(seeds, uint64(s+1))
 		}
@@ -66,6 +70,8 @@ func TestSim(t *testing.T) {
 		mu         sync.Mutex
 		violations int
 		ran        int
+		answers    int
+		leases     LeaseStats
 	)
 	wall := time.Now()
 	t.Run("seeds", func(t *testing.T) {
@@ -80,16 +86,26 @@ func TestSim(t *testing.T) {
 				if *flagTrace != "" {
 					opts.Trace = strings.Split(*flagTrace, ",")
 				}
-				n := runSeed(t, opts)
+				n, res := runSeed(t, opts)
+				if short && res != nil && res.Leases.Used == 0 {
+					t.Errorf("seed %d: no answer was decided from a quota lease (%d leases granted)", seed, res.Leases.Granted)
+				}
 				mu.Lock()
 				violations += n
 				ran++
+				if res != nil {
+					answers += res.Calls
+					leases.add(res.Leases)
+				}
 				mu.Unlock()
 			})
 		}
 	})
 	if testing.Verbose() || *flagSeeds > 0 {
 		fmt.Printf("sim: wall time %v\n", time.Since(wall).Round(100*time.Millisecond))
+	}
+	if ran > 0 {
+		fmt.Printf("sim: %s\n", leases.summary(answers))
 	}
 	fmt.Printf("sim: %d seeds, %d violations\n", ran, violations)
 	if violations > 0 {
@@ -98,8 +114,8 @@ func TestSim(t *testing.T) {
 }
 
 // runSeed runs one seed (-sim.repeat times) and reports it; it returns its
-// violations.
-func runSeed(t *testing.T, opts Options) int {
+// violations and its first run's result (nil if it did not end).
+func runSeed(t *testing.T, opts Options) (int, *Result) {
 	var first *Result
 	var digests, diffs []string
 	replayViolations := 0 // in the runs after the first
@@ -113,7 +129,7 @@ func runSeed(t *testing.T, opts Options) int {
 			}
 		})
 		if res == nil {
-			return 1
+			return 1, nil
 		}
 		digests = append(digests, fmt.Sprintf("%s/%s/%d", res.Answers, res.Windows, len(res.Violations)))
 		if i == 0 {
@@ -130,8 +146,8 @@ func runSeed(t *testing.T, opts Options) int {
 	if res.Converged >= 0 {
 		conv = res.Converged.String()
 	}
-	fmt.Printf("seed %d: %d nodes (%d hosts), %d faults, %d answers, worst +%d %s, converged %v after the last fault, %d violations (%v wall)\n",
-		opts.Seed, s.Initial, s.Hosts, len(s.Faults), res.Calls, res.Worst, res.WorstKey, conv, len(res.Violations),
+	fmt.Printf("seed %d: %d nodes (%d hosts), %d faults, %s, worst +%d %s, converged %v after the last fault, %d violations (%v wall)\n",
+		opts.Seed, s.Initial, s.Hosts, len(s.Faults), res.Leases.summary(res.Calls), res.Worst, res.WorstKey, conv, len(res.Violations),
 		(time.Since(wall) / time.Duration(len(digests))).Round(10*time.Millisecond))
 	if len(digests) > 1 {
 		fmt.Printf("seed %d: digests (answers/windows/violations) of %d runs: %s\n", opts.Seed, len(digests), strings.Join(digests, " "))
@@ -150,7 +166,7 @@ func runSeed(t *testing.T, opts Options) int {
 		if replayViolations > 0 {
 			t.Errorf("seed %d: no violation in its first run, %d in its replays (digests above): replay it with -sim.repeat", opts.Seed, replayViolations)
 		}
-		return replayViolations
+		return replayViolations, res
 	}
 	var b strings.Builder
 	for i, v := range res.Violations {
@@ -183,7 +199,25 @@ func runSeed(t *testing.T, opts Options) int {
 	}
 	t.Logf("replay: %s", replay)
 	fmt.Printf("seed %d: replay: %s\n", opts.Seed, replay)
-	return len(res.Violations)
+	return len(res.Violations), res
+}
+
+func (l *LeaseStats) add(o LeaseStats) {
+	l.Used += o.Used
+	l.Granted += o.Granted
+	l.Returned += o.Returned
+	l.Expired += o.Expired
+	l.Uncounted += o.Uncounted
+}
+
+// summary says how many of answers were decided from leases, and what
+// became of the leases.
+func (l LeaseStats) summary(answers int) string {
+	s := fmt.Sprintf("%d answers, %d from leases (%d leases: %d returned, %d expired", answers, l.Used, l.Granted, l.Returned, l.Expired)
+	if l.Uncounted > 0 {
+		s += fmt.Sprintf("; %d grants not counted", l.Uncounted)
+	}
+	return s + ")"
 }
 
 // TestSimRestartInsideFailureDetection replays seed 99, whose owner is
