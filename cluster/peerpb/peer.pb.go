@@ -441,7 +441,12 @@ type Release struct {
 	WindowNs int64  `protobuf:"varint,6,opt,name=window_ns,json=windowNs,proto3" json:"window_ns,omitempty"`
 	Epoch    uint64 `protobuf:"varint,7,opt,name=epoch,proto3" json:"epoch,omitempty"`
 	// hits is how much of the lease goes back, > 0.
-	Hits          uint64 `protobuf:"varint,8,opt,name=hits,proto3" json:"hits,omitempty"`
+	Hits uint64 `protobuf:"varint,8,opt,name=hits,proto3" json:"hits,omitempty"`
+	// granted_count is the count the owner answered with the lease, the
+	// lease included (Result.count + Result.leased). A copy of the counter
+	// that the owner merges later counts the returned hits again only if it
+	// is at least this high; the owner then takes them off it first.
+	GrantedCount  uint64 `protobuf:"varint,9,opt,name=granted_count,json=grantedCount,proto3" json:"granted_count,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -528,6 +533,13 @@ func (x *Release) GetEpoch() uint64 {
 func (x *Release) GetHits() uint64 {
 	if x != nil {
 		return x.Hits
+	}
+	return 0
+}
+
+func (x *Release) GetGrantedCount() uint64 {
+	if x != nil {
+		return x.GrantedCount
 	}
 	return 0
 }
@@ -1095,7 +1107,7 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"leaseTtlNs\x12&\n" +
 	"\x0flease_window_ns\x18\a \x01(\x03R\rleaseWindowNs\x12\x1f\n" +
 	"\vlease_epoch\x18\b \x01(\x04R\n" +
-	"leaseEpoch\"\xcb\x01\n" +
+	"leaseEpoch\"\xf0\x01\n" +
 	"\aRelease\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\fR\x03key\x12\x1c\n" +
 	"\talgorithm\x18\x02 \x01(\rR\talgorithm\x12\x1a\n" +
@@ -1104,7 +1116,8 @@ const file_cluster_peerpb_peer_proto_rawDesc = "" +
 	"\x05burst\x18\x05 \x01(\x04R\x05burst\x12\x1b\n" +
 	"\twindow_ns\x18\x06 \x01(\x03R\bwindowNs\x12\x14\n" +
 	"\x05epoch\x18\a \x01(\x04R\x05epoch\x12\x12\n" +
-	"\x04hits\x18\b \x01(\x04R\x04hits\"\\\n" +
+	"\x04hits\x18\b \x01(\x04R\x04hits\x12#\n" +
+	"\rgranted_count\x18\t \x01(\x04R\fgrantedCount\"\\\n" +
 	"\x0eReleaseRequest\x12\x12\n" +
 	"\x04from\x18\x01 \x01(\tR\x04from\x126\n" +
 	"\breleases\x18\x02 \x03(\v2\x1a.ringlimit.peer.v1.ReleaseR\breleases\"'\n" +

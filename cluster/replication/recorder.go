@@ -16,9 +16,10 @@ import (
 // that answer into the store. shadow is bounded and never replicated,
 // handed off or synced. A Recorder is safe for concurrent use.
 type Recorder struct {
-	store  Store
-	log    *writeLog
-	shadow *bucket.Store // nil: remember nothing
+	store    Store
+	log      *writeLog
+	shadow   *bucket.Store // nil: remember nothing
+	released releasedBook  // leased hits taken back (Release)
 }
 
 // shadowMaxKeys and shadowMaxBytes bound the answers a Recorder remembers:
@@ -121,10 +122,23 @@ func (s *Recorder) ApplyInstead(now int64, op *bucket.Op) bucket.Result {
 }
 
 // Release implements transport.Releaser: unused leased quota goes back to
-// the store. It is not recorded: the replicas keep the count that included
-// the lease, which only refuses earlier should they take over.
-func (s *Recorder) Release(now int64, key []byte, lim bucket.Limit, window int64, hits uint64) bool {
-	return s.store.Release(now, key, lim, window, hits)
+// the store (bucket.Store.Release). It is not recorded: the replicas keep
+// the count that included the lease, which only refuses earlier should they
+// take over. granted is the count the owner answered with the lease: the
+// book keeps copies that come back (Merge) from counting the hits again.
+func (s *Recorder) Release(now int64, key []byte, lim bucket.Limit, window int64, hits, granted uint64) bool {
+	if !s.store.Release(now, key, lim, window, hits) {
+		return false
+	}
+	s.released.note(now, key, lim, window, hits, granted)
+	return true
+}
+
+// Merge merges a peer's copy of key's counter into the store (see
+// bucket.Store.Merge), less the leased hits this node took back from it
+// since the copy was made (releasedBook).
+func (s *Recorder) Merge(now int64, key []byte, st bucket.State) bool {
+	return s.store.Merge(now, key, s.released.adjust(now, key, st))
 }
 
 // Apply implements transport.Applier. It allocates nothing once the log's

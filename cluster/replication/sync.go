@@ -116,7 +116,7 @@ func (r *Replicator) merge(entries []*peerpb.Entry) int {
 	now := r.now()
 	merged := 0
 	for _, e := range entries {
-		if r.store.Merge(now, e.GetKey(), wire.EntryState(e)) {
+		if r.rec.Merge(now, e.GetKey(), wire.EntryState(e)) {
 			merged++
 		}
 	}

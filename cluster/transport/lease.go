@@ -346,14 +346,15 @@ func (f *Forwarder) giveBack(l *lease, u uint64, now int64) {
 		f.rel = make(map[string][]*peerpb.Release)
 	}
 	f.rel[l.owner] = append(f.rel[l.owner], &peerpb.Release{
-		Key:       l.key,
-		Algorithm: uint32(l.limit.Algorithm),
-		Requests:  l.limit.Requests,
-		UnitNs:    l.limit.Unit,
-		Burst:     l.limit.Burst,
-		WindowNs:  l.window,
-		Epoch:     l.epoch,
-		Hits:      u,
+		Key:          l.key,
+		Algorithm:    uint32(l.limit.Algorithm),
+		Requests:     l.limit.Requests,
+		UnitNs:       l.limit.Unit,
+		Burst:        l.limit.Burst,
+		WindowNs:     l.window,
+		Epoch:        l.epoch,
+		Hits:         u,
+		GrantedCount: l.base,
 	})
 	f.relMu.Unlock()
 }
@@ -542,8 +543,9 @@ func (f *Forwarder) grant(now int64, op *bucket.Op, want uint64, r bucket.Result
 }
 
 // Releaser is implemented by a Local that can take back leased quota
-// (bucket.Store, and a node's recording store). Without it this node takes
-// no quota back.
+// (a node's recording store). Without it this node takes no quota back.
 type Releaser interface {
-	Release(now int64, key []byte, lim bucket.Limit, window int64, hits uint64) bool
+	// Release takes hits of a lease back from key's counter for window;
+	// granted is the count the owner answered with the lease.
+	Release(now int64, key []byte, lim bucket.Limit, window int64, hits, granted uint64) bool
 }

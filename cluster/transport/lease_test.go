@@ -12,6 +12,14 @@ import (
 	"github.com/ringlimit/ringlimit/bucket"
 )
 
+// releasingStore is a bucket.Store that takes back leased hits (a
+// Releaser).
+type releasingStore struct{ *bucket.Store }
+
+func (s releasingStore) Release(now int64, key []byte, lim bucket.Limit, window int64, hits, _ uint64) bool {
+	return s.Store.Release(now, key, lim, window, hits)
+}
+
 // leaseCluster starts forwarders with leases on (LeaseTTL ttl), each over
 // a real bucket.Store, which it returns by node ID.
 func leaseCluster(t *testing.T, ids []string, ttl time.Duration) (map[string]*fwdTestNode, map[string]*bucket.Store) {
@@ -20,7 +28,7 @@ func leaseCluster(t *testing.T, ids []string, ttl time.Duration) (map[string]*fw
 	nodes := fwdStartCluster(t, ids, nil, func(c *ForwarderConfig) {
 		st := bucket.NewStore(bucket.StoreConfig{})
 		stores[c.Self] = st
-		c.Local = st
+		c.Local = releasingStore{st}
 		c.LeaseTTL = ttl
 	})
 	return nodes, stores

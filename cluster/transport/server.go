@@ -321,7 +321,7 @@ func (s *peerServer) Release(ctx context.Context, req *peerpb.ReleaseRequest) (*
 	taken := 0
 	for _, r := range rs {
 		lim := bucket.Limit{Algorithm: bucket.Algorithm(r.GetAlgorithm()), Requests: r.GetRequests(), Unit: r.GetUnitNs(), Burst: r.GetBurst()}
-		if r.GetEpoch() == epoch && rel.Release(now, r.GetKey(), lim, r.GetWindowNs(), r.GetHits()) {
+		if r.GetEpoch() == epoch && rel.Release(now, r.GetKey(), lim, r.GetWindowNs(), r.GetHits(), r.GetGrantedCount()) {
 			taken++
 		}
 	}
