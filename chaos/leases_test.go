@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -556,4 +558,68 @@ func TestClusterLeaseHolderKilled(t *testing.T) {
 	if cr := c.Crashes(); len(cr) > 0 {
 		t.Errorf("unexpected exits: %v", cr)
 	}
+}
+
+// TestClusterLeasesReturnedOnDrain: a node that holds a lease on a key another
+// node owns is stopped gracefully (SIGTERM). Its drain gives the unused
+// quota back to the owner, so the other nodes, sending past the limit,
+// allow exactly the key's limit in all.
+func TestClusterLeasesReturnedOnDrain(t *testing.T) {
+	day := utcDay()
+	c := startLeaseCluster(t)
+	cls := dialAll(t, c.Nodes)
+	holder, rest := c.Nodes[0], c.Nodes[1:]
+	const limit = 300
+	v, allowed := leasedKey(t, holder, cls[0], "drain")
+	allowed += fillLease(t, cls[0], v, 40)
+	unused := unusedLeased(t, holder)
+	taken0 := leaseMetric(t, rest, `ringlimit_lease_releases_total{result="taken"`)
+	t.Logf("%s: %d allowed, %d leased and unused before the SIGTERM", holder.ID, allowed, unused)
+	if unused <= 0 {
+		t.Fatalf("%s holds no unused lease after %d hits", holder.ID, allowed)
+	}
+	if err := holder.Stop(30 * time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if err := holder.ExitErr(); err != nil {
+		t.Errorf("%s: exit after SIGTERM: %v", holder.ID, err)
+	}
+	taken := leaseMetric(t, rest, `ringlimit_lease_releases_total{result="taken"`) - taken0
+	after, failed, err := sendPast(cls[1:], v, 2*limit)
+	skipIfDayEnded(t, day)
+	total := allowed + after
+	t.Logf("after the drain: %v releases taken by the owner, %d allowed by the others, %d in all at limit %d", taken, after, total, limit)
+	if failed > 0 {
+		t.Errorf("%d of %d calls to the others failed, first: %v", failed, 2*limit, err)
+	}
+	if taken <= 0 {
+		t.Errorf("no owner took a release from the draining %s", holder.ID)
+	}
+	if total != limit {
+		t.Errorf("plain %s: %d hits allowed, want exactly the limit of %d (the drained node's unused lease of %d went back)", v, total, limit, unused)
+		for _, n := range c.Nodes {
+			t.Logf("log %s:\n%s", n.LogPath, grepLog(n.LogPath, "drain", "handed off", "release", "sync", "ring rebuilt", "lifecycle"))
+		}
+	}
+	if cr := c.Crashes(); len(cr) > 0 {
+		t.Errorf("unexpected exits: %v", cr)
+	}
+}
+
+// grepLog returns the lines of a log that contain any of words.
+func grepLog(path string, words ...string) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	var out []string
+	for _, line := range strings.Split(string(b), "\n") {
+		for _, w := range words {
+			if strings.Contains(line, w) {
+				out = append(out, line)
+				break
+			}
+		}
+	}
+	return strings.Join(out, "\n")
 }
