@@ -503,7 +503,7 @@ func (f *Forwarder) NewLeaseEpoch() { f.leaseEpoch.Store(newLeaseEpoch()) }
 
 // grant leases quota for op to the peer that sent it, if it asked (want >
 // 0) and this node owns the key: up to want, at most 1/(2n) of r.Remaining
-// and nothing when less than 4n remains. The lease is applied as a second
+// and nothing when less than 4n remains, in a multiple of op.Hits. The lease is applied as a second
 // op right after op's, which a concurrent op may have made too big: it is
 // then refused (StopOnOver) and nothing is leased. It writes the lease into
 // pr.
@@ -519,6 +519,13 @@ func (f *Forwarder) grant(now int64, op *bucket.Op, want uint64, r bucket.Result
 		return
 	}
 	g := min(want, leaseMaxWant, r.Remaining/(leaseShareDiv*n))
+	// Whole ops of op's size: a request's hits_addend is usually the same
+	// from one request to the next, and a rest smaller than it would
+	// serve none of them.
+	g -= g % op.Hits
+	if g == 0 {
+		return
+	}
 	lop := bucket.Op{Key: op.Key, Limit: op.Limit, Hits: g, Mode: bucket.StopOnOver}
 	lr := f.local.Apply(now, &lop)
 	if lr.Over {

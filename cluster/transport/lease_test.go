@@ -314,3 +314,14 @@ func TestLeaseHitAllocs(t *testing.T) {
 		t.Errorf("a hit decided from a lease allocates %v times, want 0", allocs)
 	}
 }
+
+func TestLeaseInWholeOps(t *testing.T) {
+	nodes, _ := leaseCluster(t, []string{"a", "b"}, time.Minute)
+	a, b := nodes["a"], nodes["b"]
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 3}
+	apply1(a.f, a.now, op)
+	// Asked for leaseMinWant (8): granted 6, two ops of 3.
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != 6 {
+		t.Errorf("leased %v hits for ops of 3, want 6", got)
+	}
+}
