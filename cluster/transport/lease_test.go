@@ -186,13 +186,14 @@ func TestLeaseReleaseRefusedAfterNewEpoch(t *testing.T) {
 func TestLeaseShrinksNearTheLimit(t *testing.T) {
 	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Minute)
 	a, b := nodes["a"], nodes["b"]
-	// 20 left of 30 after the hit: at most 20/(2*2) = 5 leased.
+	// 21 left of 30 after 9 hits: at most 21/(2*2) = 5 leased, fewer than
+	// one op of 9, so none; 20 left after one more hit: 5 leased.
 	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 30, Unit: int64(time.Minute)}, Hits: 9}
 	apply1(a.f, a.now, op)
 	op.Hits = 1
 	apply1(a.f, a.now, op)
-	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 9+5 {
-		t.Errorf("owner counts %d, want 9 hits + 5 leased (the 10th hit taken from them)", st.Count)
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 10+5 {
+		t.Errorf("owner counts %d, want 10 hits + 5 leased", st.Count)
 	}
 	// Fewer than 4*2 left: nothing is leased, the owner decides.
 	op.Hits = 8
