@@ -82,8 +82,8 @@ func TestNewForwarderRegistersOnce(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(mfs) != 15 {
-		t.Fatalf("gathered %d metric families, want 15", len(mfs))
+	if len(mfs) != 16 {
+		t.Fatalf("gathered %d metric families, want 16", len(mfs))
 	}
 }
 

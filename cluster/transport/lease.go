@@ -203,8 +203,13 @@ func (t *leaseTable) get(key []byte, create bool) *leaseSlot {
 // leaseable reports whether op may be decided from a lease or ask for one:
 // it adds hits under a fixed or sliding window.
 func leaseable(op *bucket.Op) bool {
-	return op.Hits > 0 && op.Mode != bucket.Peek &&
-		(op.Limit.Algorithm == bucket.FixedWindow || op.Limit.Algorithm == bucket.SlidingWindow)
+	return op.Mode != bucket.Peek && leaseAlgo(op)
+}
+
+// leaseAlgo reports whether op has hits under a fixed or sliding window:
+// a lease may be granted for it (a Peek is a background renewal).
+func leaseAlgo(op *bucket.Op) bool {
+	return op.Hits > 0 && (op.Limit.Algorithm == bucket.FixedWindow || op.Limit.Algorithm == bucket.SlidingWindow)
 }
 
 // leased decides op from this node's lease on its key, if it holds one
@@ -227,6 +232,9 @@ func (f *Forwarder) leased(now int64, op *bucket.Op) (bucket.Result, bool) {
 	}
 	l.lastUse.Store(now)
 	s.seen.Store(now)
+	if left <= l.granted/4 && !l.short {
+		f.renew(now, s, l, op.Hits)
+	}
 	count := l.base - min(l.base, left)
 	r := bucket.Result{Count: count, ResetAfter: max(1, l.resetAt-now)}
 	if capacity := op.Limit.Capacity(); count <= capacity {
@@ -257,6 +265,35 @@ func (f *Forwarder) leaseWant(now int64, op *bucket.Op) (uint64, *leaseSlot) {
 	return want, s
 }
 
+// renew asks l's owner, in the background, for the key's next lease once l
+// runs low (a quarter left), so that the hits after it are decided here
+// too rather than wait for a forward: a Peek of the caller's hits that asks
+// for twice l. Only leases of keys that had used at most half their limit
+// are renewed so: a renewal is granted whether or not more hits come, and
+// near the limit quota held for hits that do not come is an early refusal.
+// There a lease is renewed by the forward of the hit it cannot cover. No caller waits for it; the sender installs the answer
+// (leaseAnswered), which takes over what is left of l. Renewals to one
+// owner travel in the same batches as its forwarded ops.
+func (f *Forwarder) renew(now int64, s *leaseSlot, l *lease, hits uint64) {
+	if f.leasesOff.Load() || !l.peer.holds() {
+		return
+	}
+	if a := s.asking.Load(); (a != 0 && now-a < int64(leaseAskFor)) || !s.asking.CompareAndSwap(a, now) {
+		return
+	}
+	req := &fwdRequest{done: make(chan struct{}, 1)}
+	it := &fwdItem{req: req, peer: l.peer, deadline: now + int64(fwdMaxWait), key: l.key,
+		now: now, want: nextWant(l, 0), slot: s}
+	it.op = bucket.Op{Key: l.key, Limit: l.limit, Hits: hits, Mode: bucket.Peek}
+	req.items, req.n = []*fwdItem{it}, 1
+	req.pending.Store(1)
+	if ok, _ := l.peer.enqueue(it); !ok {
+		s.asking.Store(0)
+		return
+	}
+	f.m.leaseRenewals.Inc()
+}
+
 // leaseAnswered installs the lease the owner granted in res, if any, in
 // the item's slot, and lets the slot ask again. It runs in the sender, so
 // that a lease granted after its caller gave up is still used. A forward
@@ -284,8 +321,11 @@ func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
 		granted:   g,
 		start:     it.now,
 		windowEnd: it.now + res.GetLeaseTtlNs(),
-		base:      res.GetCount() + g,
+		base:      res.GetCount() + g, // a renewal's Peek counted its hits: see below
 		resetAt:   it.now + res.GetResetAfterNs(),
+	}
+	if it.op.Mode == bucket.Peek {
+		l.base -= min(l.base, it.op.Hits) // as if added, not added
 	}
 	l.end = min(l.windowEnd, it.now+int64(f.leaseTTL))
 	l.short = l.base > it.op.Limit.Capacity()/2
@@ -297,20 +337,22 @@ func (f *Forwarder) leaseAnswered(it *fwdItem, res *peerpb.Result) {
 		f.giveBack(l, l.left.Swap(0), it.now)
 		return
 	}
-	old := s.cur.Swap(l)
-	if old == nil {
-		return
+	// The old lease is taken out first, so that l is complete when it is
+	// published (a hit meanwhile finds none and is forwarded).
+	old := s.cur.Swap(nil)
+	if old != nil {
+		u := old.left.Swap(0)
+		f.retire(s, old, u)
+		if u > 0 && old.owner == l.owner && old.epoch == l.epoch && old.window == l.window && old.limit == l.limit {
+			// The old lease's rest counts in the same window at the
+			// same owner: the new lease takes it over.
+			l.left.Add(u)
+			l.granted += u
+		} else {
+			f.giveBack(old, u, it.now)
+		}
 	}
-	u := old.left.Swap(0)
-	f.retire(s, old, u)
-	if u > 0 && old.owner == l.owner && old.epoch == l.epoch && old.window == l.window && old.limit == l.limit {
-		// The old lease's rest counts in the same window at the same
-		// owner: the new lease takes it over.
-		l.left.Add(u)
-		l.granted += u
-		return
-	}
-	f.giveBack(old, u, it.now)
+	s.cur.Store(l)
 }
 
 // retire sets what the slot of a lease that ended with u unused asks for
@@ -508,7 +550,7 @@ func (f *Forwarder) NewLeaseEpoch() { f.leaseEpoch.Store(newLeaseEpoch()) }
 // then refused (StopOnOver) and nothing is leased. It writes the lease into
 // pr.
 func (f *Forwarder) grant(now int64, op *bucket.Op, want uint64, r bucket.Result, pr *peerpb.Result) {
-	if f.leases == nil || want == 0 || r.Over || !leaseable(op) {
+	if f.leases == nil || want == 0 || r.Over || !leaseAlgo(op) {
 		return
 	}
 	if _, _, self := f.owners.Owner(op.Key); !self {

@@ -73,32 +73,56 @@ func TestLeaseDecidesAtTheEntryNode(t *testing.T) {
 		}
 	}
 	// The first hit went to b and asked for leaseMinWant more; the next
-	// eight were taken from that lease at a.
+	// eight were taken from that lease at a, which asked for twice as
+	// much in the background when a quarter of it was left.
+	leaseSettle(t, a.f, op.Key)
 	if got := leaseMetric(t, a.reg, "ringlimit_forwarded_decisions_total", ""); got != 1 {
 		t.Errorf("forwarded %v decisions, want 1", got)
 	}
 	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used"); got != 8 {
 		t.Errorf("%v hits decided from the lease, want 8", got)
 	}
-	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != leaseMinWant {
-		t.Errorf("b leased %v hits, want %d", got, leaseMinWant)
+	if got := leaseMetric(t, a.reg, "ringlimit_lease_renewals_total", ""); got != 1 {
+		t.Errorf("%v renewals, want 1", got)
 	}
-	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+leaseMinWant {
-		t.Errorf("owner counts %d, want the hit and the lease, %d", st.Count, 1+leaseMinWant)
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != 3*leaseMinWant {
+		t.Errorf("b leased %v hits, want %d and its renewal", got, leaseMinWant)
 	}
-	// The tenth hit finds the lease spent: forwarded, and asks for twice
-	// as much.
+	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+3*leaseMinWant {
+		t.Errorf("owner counts %d, want the hit and the leases, %d", st.Count, 1+3*leaseMinWant)
+	}
+	// The tenth hit is taken from the renewed lease: no forward.
 	if r := apply1(a.f, a.now, op); r.Count != 10 {
 		t.Fatalf("hit 10: %+v", r)
 	}
-	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != 3*leaseMinWant {
-		t.Errorf("b leased %v hits in all, want %d", got, 3*leaseMinWant)
+	if got := leaseMetric(t, a.reg, "ringlimit_forwarded_decisions_total", ""); got != 1 {
+		t.Errorf("forwarded %v decisions after the renewal, want 1", got)
+	}
+}
+
+// leaseSettle waits until no forward or renewal asking for a lease on key
+// is on its way from f.
+func leaseSettle(t *testing.T, f *Forwarder, key []byte) {
+	t.Helper()
+	s := f.leases.get(key, false)
+	if s == nil {
+		return
+	}
+	deadline := time.Now().Add(fwdWait)
+	for s.asking.Load() != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("a lease ask for %q still on its way after %v", key, fwdWait)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
 // TestLeaseExactUnderConcurrency sends each of 40 keys (limit 50) 100
-// hits through three nodes at once: exactly 50 are allowed per key, for
-// both windowed algorithms.
+// hits through three nodes at once, then 10 more per key through each
+// node: exactly 50 are allowed per key, for both windowed algorithms. (A
+// node's lease is only used by hits that node receives: the last ten make
+// sure each node receives some after the others are done, as steady
+// traffic would; the goroutines of the first part need not end together.)
 func TestLeaseExactUnderConcurrency(t *testing.T) {
 	for _, algo := range []bucket.Algorithm{bucket.FixedWindow, bucket.SlidingWindow} {
 		t.Run(algo.String(), func(t *testing.T) {
@@ -126,9 +150,29 @@ func TestLeaseExactUnderConcurrency(t *testing.T) {
 				}()
 			}
 			wg.Wait()
+			for k := range keys {
+				for _, id := range ids {
+					for range 10 {
+						op := bucket.Op{Key: fmt.Appendf(nil, "%s/k%d", ids[k%3], k),
+							Limit: bucket.Limit{Algorithm: algo, Requests: limit, Unit: int64(time.Minute)}, Hits: 1}
+						if r := apply1(nodes[id].f, nodes[id].now, op); !r.Over {
+							allowed[k]++
+						}
+					}
+				}
+			}
 			for k, got := range allowed {
 				if got != limit {
-					t.Errorf("key %d: %d allowed, want exactly %d", k, got, limit)
+					key := fmt.Appendf(nil, "%s/k%d", ids[k%3], k)
+					var held []string
+					for _, id := range ids {
+						if s := nodes[id].f.leases.get(key, false); s != nil {
+							if l := s.cur.Load(); l != nil {
+								held = append(held, fmt.Sprintf("%s: %d left of %d (base %d, short %v, holds %v)", id, l.left.Load(), l.granted, l.base, l.short, l.peer.holds()))
+							}
+						}
+					}
+					t.Errorf("key %d: %d allowed, want exactly %d; leases %v", k, got, limit, held)
 				}
 			}
 			var used float64
@@ -201,6 +245,7 @@ func TestLeaseShrinksNearTheLimit(t *testing.T) {
 	for range 4 {
 		apply1(a.f, a.now, bucket.Op{Key: op.Key, Limit: op.Limit, Hits: 1})
 	}
+	leaseSettle(t, a.f, op.Key)
 	granted := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", "")
 	before := granted
 	op.Hits = 1

@@ -30,15 +30,16 @@ type fwdMetrics struct {
 	// leases and leaseHits what this node holds as an entry node (by
 	// event), leaseGrants, leaseGranted and releases what it grants as an
 	// owner.
-	decisions    prometheus.Counter
-	leasesVec    *prometheus.CounterVec
-	leases       leaseEvents
-	leaseHitsVec *prometheus.CounterVec
-	leaseHits    leaseEvents
-	leaseGrants  prometheus.Counter
-	leaseGranted prometheus.Counter
-	releasesVec  *prometheus.CounterVec
-	releases     struct{ taken, refused prometheus.Counter }
+	decisions     prometheus.Counter
+	leasesVec     *prometheus.CounterVec
+	leases        leaseEvents
+	leaseHitsVec  *prometheus.CounterVec
+	leaseHits     leaseEvents
+	leaseRenewals prometheus.Counter
+	leaseGrants   prometheus.Counter
+	leaseGranted  prometheus.Counter
+	releasesVec   *prometheus.CounterVec
+	releases      struct{ taken, refused prometheus.Counter }
 }
 
 // leaseEvents are a lease counter's children, curried once. used is only
@@ -104,6 +105,10 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 		returned: m.leasesVec.WithLabelValues("returned"), expired: m.leasesVec.WithLabelValues("expired")}
 	m.leaseHits = leaseEvents{granted: m.leaseHitsVec.WithLabelValues("granted"), used: m.leaseHitsVec.WithLabelValues("used"),
 		returned: m.leaseHitsVec.WithLabelValues("returned"), expired: m.leaseHitsVec.WithLabelValues("expired")}
+	m.leaseRenewals = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ringlimit_lease_renewals_total",
+		Help: "Leases this node asked to renew in the background because they ran low (a quarter left), without a caller waiting.",
+	})
 	m.leaseGrants = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "ringlimit_lease_grants_total",
 		Help: "Quota leases this node granted to peers for keys it owns.",
@@ -128,7 +133,7 @@ func newFwdMetrics(maxBatch int) fwdMetrics {
 // collectors lists every metric.
 func (m fwdMetrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.forwarded, m.fallbacks, m.rpcDuration, m.batchSize, m.expired, m.refused, m.rerouted, m.overLocal, m.relayed,
-		m.decisions, m.leasesVec, m.leaseHitsVec, m.leaseGrants, m.leaseGranted, m.releasesVec}
+		m.decisions, m.leasesVec, m.leaseHitsVec, m.leaseRenewals, m.leaseGrants, m.leaseGranted, m.releasesVec}
 }
 
 // register registers every metric on r, or none of them.
