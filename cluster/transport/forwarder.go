@@ -180,6 +180,9 @@ type Forwarder struct {
 	rel        map[string][]*peerpb.Release // queued releases by owner
 	leaseStop  chan struct{}                // closed by Close; nil until started
 	leaseWG    sync.WaitGroup
+	renewMu    sync.Mutex
+	renewQ     []*fwdItem    // background renewals not yet queued
+	renewKick  chan struct{} // capacity 1: wakes the lease loop
 }
 
 // NewForwarder checks cfg, applies its defaults and registers the metrics.
@@ -256,6 +259,7 @@ func NewForwarder(cfg ForwarderConfig) (*Forwarder, error) {
 	if cfg.LeaseTTL > 0 {
 		f.leases, f.leaseTTL = newLeaseTable(), cfg.LeaseTTL
 	}
+	f.renewKick = make(chan struct{}, 1)
 	f.leaseEpoch.Store(newLeaseEpoch())
 	empty := map[string]*peerClient{}
 	f.peers.Store(&empty)

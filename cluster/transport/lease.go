@@ -85,6 +85,9 @@ const (
 	// leaseAskFor is how long a forward asking for a lease holds back the
 	// next ask for its key (its answer normally ends the wait sooner).
 	leaseAskFor = time.Second
+	// leaseRenewWait is how long renewals asked for are gathered before
+	// they are sent: a lease is renewed with a quarter of it left.
+	leaseRenewWait = 5 * time.Millisecond
 	// leaseCloseTimeout bounds the releases Close sends.
 	leaseCloseTimeout = 500 * time.Millisecond
 	// leaseShards is the lease table's shard count.
@@ -268,7 +271,8 @@ func (f *Forwarder) leaseWant(now int64, op *bucket.Op) (uint64, *leaseSlot) {
 // renew asks l's owner, in the background, for the key's next lease once l
 // runs low (a quarter left), so that the hits after it are decided here
 // too rather than wait for a forward: a Peek of the caller's hits that asks
-// for twice l. Only leases of keys that had used at most half their limit
+// for twice l, gathered for leaseRenewWait with the other renewals asked
+// for meanwhile and queued together. Only leases of keys that had used at most half their limit
 // are renewed so: a renewal is granted whether or not more hits come, and
 // near the limit quota held for hits that do not come is an early refusal.
 // There a lease is renewed by the forward of the hit it cannot cover. No caller waits for it; the sender installs the answer
@@ -282,16 +286,34 @@ func (f *Forwarder) renew(now int64, s *leaseSlot, l *lease, hits uint64) {
 		return
 	}
 	req := &fwdRequest{done: make(chan struct{}, 1)}
-	it := &fwdItem{req: req, peer: l.peer, deadline: now + int64(fwdMaxWait), key: l.key,
-		now: now, want: nextWant(l, 0), slot: s}
+	it := &fwdItem{req: req, peer: l.peer, key: l.key, now: now, want: nextWant(l, 0), slot: s}
 	it.op = bucket.Op{Key: l.key, Limit: l.limit, Hits: hits, Mode: bucket.Peek}
 	req.items, req.n = []*fwdItem{it}, 1
 	req.pending.Store(1)
-	if ok, _ := l.peer.enqueue(it); !ok {
-		s.asking.Store(0)
-		return
+	f.renewMu.Lock()
+	f.renewQ = append(f.renewQ, it)
+	f.renewMu.Unlock()
+	select {
+	case f.renewKick <- struct{}{}:
+	default:
 	}
-	f.m.leaseRenewals.Inc()
+}
+
+// flushRenewals queues the renewals asked for since the last flush to
+// their owners, all at once, so that each owner's go out in few batches.
+func (f *Forwarder) flushRenewals(now int64) {
+	f.renewMu.Lock()
+	q := f.renewQ
+	f.renewQ = nil
+	f.renewMu.Unlock()
+	for _, it := range q {
+		it.deadline = now + int64(fwdMaxWait)
+		if ok, _ := it.peer.enqueue(it); !ok {
+			it.slot.asking.Store(0)
+			continue
+		}
+		f.m.leaseRenewals.Inc()
+	}
 }
 
 // leaseAnswered installs the lease the owner granted in res, if any, in
@@ -501,12 +523,26 @@ func (f *Forwarder) leaseLoop(stop <-chan struct{}) {
 	defer f.leaseWG.Done()
 	t := f.clock.NewTicker(leaseSweepEvery)
 	defer t.Stop()
+	r := f.clock.NewTimer(time.Hour)
+	r.Stop()
+	defer r.Stop()
+	pending := false // r runs for renewals asked for
 	for {
 		select {
 		case <-stop:
 			return
 		case <-t.C():
 			f.sweep(context.Background(), f.clock.Now().UnixNano(), false)
+		case <-f.renewKick:
+			// Gather what more hits ask for meanwhile: one flush per
+			// leaseRenewWait at most.
+			if !pending {
+				pending = true
+				r.Reset(leaseRenewWait)
+			}
+		case <-r.C():
+			pending = false
+			f.flushRenewals(f.clock.Now().UnixNano())
 		}
 	}
 }
