@@ -65,7 +65,7 @@ import (
 const (
 	// leaseMinWant is the quota an entry node asks for the first time,
 	// and the least it asks for.
-	leaseMinWant = 8
+	leaseMinWant = 32
 	// leaseMaxWant caps what an entry node asks for at once.
 	leaseMaxWant = 1 << 20
 	// The owner grants at most remaining/(leaseShareDiv*n), and nothing
@@ -87,7 +87,7 @@ const (
 	leaseAskFor = time.Second
 	// leaseRenewWait is how long renewals asked for are gathered before
 	// they are sent: a lease is renewed with a quarter of it left.
-	leaseRenewWait = 5 * time.Millisecond
+	leaseRenewWait = 20 * time.Millisecond
 	// leaseCloseTimeout bounds the releases Close sends.
 	leaseCloseTimeout = 500 * time.Millisecond
 	// leaseShards is the lease table's shard count.

@@ -66,34 +66,37 @@ func TestLeaseDecidesAtTheEntryNode(t *testing.T) {
 	nodes, stores := leaseCluster(t, []string{"a", "b"}, time.Minute)
 	a, b := nodes["a"], nodes["b"]
 	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1}
-	for i := 1; i <= 9; i++ {
+	// The first hit goes to b and asks for leaseMinWant more; the next
+	// are taken from that lease at a, which asks for twice as much in the
+	// background once a quarter of it is left.
+	n := 1 + leaseMinWant - leaseMinWant/4
+	for i := 1; i <= n; i++ {
 		r := apply1(a.f, a.now, op)
 		if r.Over || r.Count != uint64(i) || r.Remaining != 1000-uint64(i) {
 			t.Fatalf("hit %d: %+v, want count %d", i, r, i)
 		}
 	}
-	// The first hit went to b and asked for leaseMinWant more; the next
-	// eight were taken from that lease at a, which asked for twice as
-	// much in the background when a quarter of it was left.
 	leaseSettle(t, a.f, op.Key)
 	if got := leaseMetric(t, a.reg, "ringlimit_forwarded_decisions_total", ""); got != 1 {
 		t.Errorf("forwarded %v decisions, want 1", got)
 	}
-	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used"); got != 8 {
-		t.Errorf("%v hits decided from the lease, want 8", got)
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "used"); got != float64(n-1) {
+		t.Errorf("%v hits decided from the lease, want %d", got, n-1)
 	}
 	if got := leaseMetric(t, a.reg, "ringlimit_lease_renewals_total", ""); got != 1 {
 		t.Errorf("%v renewals, want 1", got)
 	}
 	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != 3*leaseMinWant {
-		t.Errorf("b leased %v hits, want %d and its renewal", got, leaseMinWant)
+		t.Errorf("b leased %v hits, want %d and its renewal of twice that", got, leaseMinWant)
 	}
 	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 1+3*leaseMinWant {
 		t.Errorf("owner counts %d, want the hit and the leases, %d", st.Count, 1+3*leaseMinWant)
 	}
-	// The tenth hit is taken from the renewed lease: no forward.
-	if r := apply1(a.f, a.now, op); r.Count != 10 {
-		t.Fatalf("hit 10: %+v", r)
+	// The next hits are taken from the renewed lease: no forward.
+	for i := n + 1; i <= 2*leaseMinWant; i++ {
+		if r := apply1(a.f, a.now, op); r.Count != uint64(i) {
+			t.Fatalf("hit %d: %+v", i, r)
+		}
 	}
 	if got := leaseMetric(t, a.reg, "ringlimit_forwarded_decisions_total", ""); got != 1 {
 		t.Errorf("forwarded %v decisions after the renewal, want 1", got)
@@ -191,7 +194,7 @@ func TestLeaseReturnedOnDemand(t *testing.T) {
 	a, b := nodes["a"], nodes["b"]
 	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 1}
 	apply1(a.f, a.now, op)
-	apply1(a.f, a.now, op) // one hit from the lease: 7 left
+	apply1(a.f, a.now, op) // one hit from the lease
 	a.f.ReturnLeases(context.Background())
 	if st, _ := stores["b"].Get(b.now, []byte("b/k")); st.Count != 2 {
 		t.Errorf("owner counts %d after the return, want the 2 hits", st.Count)
@@ -199,8 +202,8 @@ func TestLeaseReturnedOnDemand(t *testing.T) {
 	if got := leaseMetric(t, b.reg, "ringlimit_lease_releases_total", "taken"); got != 1 {
 		t.Errorf("b took %v releases, want 1", got)
 	}
-	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "returned"); got != 7 {
-		t.Errorf("a returned %v hits, want 7", got)
+	if got := leaseMetric(t, a.reg, "ringlimit_leased_hits_total", "returned"); got != leaseMinWant-1 {
+		t.Errorf("a returned %v hits, want %d", got, leaseMinWant-1)
 	}
 	// After ReturnLeases the node asks for no more.
 	apply1(a.f, a.now, op)
@@ -307,18 +310,19 @@ func TestLeaseIdleReturns(t *testing.T) {
 	if st, _ := stores["b"].Get(b.now, far.Key); st.Count != 1+leaseMinWant {
 		t.Fatalf("owner counts %d, want the far key's lease still out", st.Count)
 	}
-	// One past half its limit: an idle lease goes back.
-	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 100, Unit: int64(time.Hour)}, Hits: 50}
+	// One past half its limit: an idle lease goes back. 200 - 101 left,
+	// so the lease is the whole first ask.
+	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 200, Unit: int64(time.Hour)}, Hits: 100}
 	apply1(b.f, b.now, op)
 	op.Hits = 1
 	apply1(a.f, a.now, op)
 	a.f.sweep(context.Background(), a.now+int64(leaseIdleMin), false) // not idle yet: no hit taken, 4*leaseIdleMin
-	if st, _ := stores["b"].Get(b.now, op.Key); st.Count != 51+leaseMinWant {
+	if st, _ := stores["b"].Get(b.now, op.Key); st.Count != 101+min(leaseMinWant, 99/4) {
 		t.Fatalf("owner counts %d, want the lease still out", st.Count)
 	}
 	a.f.sweep(context.Background(), a.now+int64(4*leaseIdleMin), false)
-	if st, _ := stores["b"].Get(b.now, op.Key); st.Count != 51 {
-		t.Errorf("owner counts %d after the idle lease's return, want 51", st.Count)
+	if st, _ := stores["b"].Get(b.now, op.Key); st.Count != 101 {
+		t.Errorf("owner counts %d after the idle lease's return, want 101", st.Count)
 	}
 }
 
@@ -384,8 +388,8 @@ func TestLeaseInWholeOps(t *testing.T) {
 	a, b := nodes["a"], nodes["b"]
 	op := bucket.Op{Key: []byte("b/k"), Limit: bucket.Limit{Requests: 1000, Unit: int64(time.Minute)}, Hits: 3}
 	apply1(a.f, a.now, op)
-	// Asked for leaseMinWant (8): granted 6, two ops of 3.
-	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != 6 {
-		t.Errorf("leased %v hits for ops of 3, want 6", got)
+	// Asked for leaseMinWant: granted whole ops of 3.
+	if got := leaseMetric(t, b.reg, "ringlimit_lease_granted_hits_total", ""); got != leaseMinWant-leaseMinWant%3 {
+		t.Errorf("leased %v hits for ops of 3, want %d", got, leaseMinWant-leaseMinWant%3)
 	}
 }
