@@ -475,8 +475,22 @@ func fillLease(t *testing.T, cl pb.RateLimitServiceClient, v string, hits int) i
 }
 
 // unusedLeased is the quota holder was leased and has neither used nor
-// returned nor dropped.
+// returned nor dropped, once some is: a lease renewed in the background
+// arrives a little after the hits that asked for it, so it polls for up to
+// 5 s before it reports 0.
 func unusedLeased(t *testing.T, holder *Node) int {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n := unusedLeasedNow(t, holder)
+		if n > 0 || time.Now().After(deadline) {
+			return n
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+func unusedLeasedNow(t *testing.T, holder *Node) int {
 	t.Helper()
 	get := func(ev string) float64 {
 		v, err := holder.Metric(`ringlimit_leased_hits_total{event="` + ev + `"`)
