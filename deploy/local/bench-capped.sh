@@ -30,9 +30,10 @@
 #   BENCH_CAP_ROUNDS [3]       runs per setup and load, interleaved; medians
 #   BENCH_CAP_WARMUP [3s]      load before each run, discarded: on the run's
 #                              own keys for hot, on others for seed
-#   BENCH_CAP_WARMUP_UNIFORM [10s]  the same for uniform, on its own keys:
-#                              long enough for most of its 10,000 keys to be
-#                              sent to every node of the setup
+#   BENCH_CAP_WARMUP_UNIFORM_N [100000]  calls sent first to uniform's own
+#                              keys (10 per key whatever the setup's speed,
+#                              so that each node has seen each key before
+#                              the run, as under steady traffic)
 #   BENCH_CAP_IPS [200]        client IPs of the seed load
 #   BENCH_CAP_DEADLINE [1s]    per-call deadline (CFS throttling stalls a
 #                              capped process for up to a period, 100 ms)
@@ -50,7 +51,7 @@ N=${BENCH_CAP_N:-30000}
 LOADS=${BENCH_CAP_LOADS:-uniform hot seed}
 ROUNDS=${BENCH_CAP_ROUNDS:-3}
 WARMUP=${BENCH_CAP_WARMUP:-3s}
-WARMUP_UNIFORM=${BENCH_CAP_WARMUP_UNIFORM:-10s}
+WARMUP_UNIFORM_N=${BENCH_CAP_WARMUP_UNIFORM_N:-100000}
 IPS=${BENCH_CAP_IPS:-200}
 DEADLINE=${BENCH_CAP_DEADLINE:-1s}
 C=${BENCH_C:-64}
@@ -263,11 +264,11 @@ for r in $(seq 1 "$ROUNDS"); do
 			# holds leases on the keys it is sent, not every key's first
 			# hit at each node. seed warms other keys: its windows must
 			# start with the run.
-			warm_keys=$keys warm_desc=$desc warm=$WARMUP
-			[ "$c" = uniform ] && warm=$WARMUP_UNIFORM
+			warm_keys=$keys warm_desc=$desc warm=(-z "$WARMUP")
+			[ "$c" = uniform ] && warm=(-n "$WARMUP_UNIFORM_N")
 			[ "$c" = seed ] && warm_keys=10000 warm_desc="remote_address={ip},bench_run=warm-$tag"
-			if [ "$warm" != 0 ] && [ "$warm" != 0s ]; then
-				load /dev/null --addr "${!tv}" -z "$warm" -c "$C" --connections "$CONNS" --keys "$warm_keys" \
+			if [ "${warm[1]}" != 0 ] && [ "${warm[1]}" != 0s ]; then
+				load /dev/null --addr "${!tv}" "${warm[@]}" -c "$C" --connections "$CONNS" --keys "$warm_keys" \
 					--descriptor "$warm_desc" --deadline "$DEADLINE" --seed "$((r + 1000))"
 			fi
 			load "$OUT/$c-$s-$r.txt" --addr "${!tv}" -n "$N" -c "$C" --connections "$CONNS" --keys "$keys" \
