@@ -28,7 +28,9 @@ import (
 // leases shrink to nothing as a key nears its limit and its last hits are
 // decided by the owner as without leases. The entry node asks for about as
 // much as it used of its previous lease, twice as much when it spent it
-// (leaseMinWant the first time, at most leaseMaxWant). Only fixed and
+// (leaseMinWant the first time, at most leaseMaxWant), and renews a lease
+// of a key far from its limit in the background when it runs low (renew).
+// Grants come in whole ops of the asking op's hits. Only fixed and
 // sliding windows are leased: hits taken later from a lease are counted
 // when it was granted, which a window tolerates (they fall in the window
 // that counted them, before its end) and a token bucket does not (a bucket
@@ -55,11 +57,14 @@ import (
 // limit holds at most 1/(2n) of a quota that is mostly unused, and ending
 // it for a pause between two hits would only cost a forward and a Release
 // for each of a slow key's hits.
+//
 // The owner takes it back only under the lease epoch it granted it in: the
 // epoch changes whenever the owner's ring changes and when it restarts, so
 // quota granted by a process that has since restarted, or counted where the
-// ring no longer decides, stays counted as used. The unused quota of a
-// lease whose window has ended is dropped (expired): its window is over.
+// ring no longer decides, stays counted as used; copies of the counter
+// made before a release do not count the released hits again when they
+// come back (replication's releasedBook). The unused quota of a lease
+// whose window has ended is dropped (expired): its window is over.
 
 // Lease sizing and bookkeeping.
 const (
