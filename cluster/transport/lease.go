@@ -161,7 +161,10 @@ type leaseSlot struct {
 	// longer holds the next one back.
 	asking atomic.Int64
 	want   atomic.Uint64
-	seen   atomic.Int64 // entry clock, Unix ns
+	// seen is when the key last asked for a lease, or last took a hit
+	// from one that has ended (the live lease's lastUse says that
+	// meanwhile), entry clock, Unix ns.
+	seen atomic.Int64
 }
 
 type leaseShard struct {
@@ -239,7 +242,6 @@ func (f *Forwarder) leased(now int64, op *bucket.Op) (bucket.Result, bool) {
 		return bucket.Result{}, false
 	}
 	l.lastUse.Store(now)
-	s.seen.Store(now)
 	if left <= l.granted/4 && !l.short {
 		f.renew(now, s, l, op.Hits)
 	}

@@ -92,6 +92,9 @@ func (f *Forwarder) sweep(ctx context.Context, now int64, all bool) {
 				continue // renewed meanwhile
 			}
 			u := l.left.Swap(0)
+			if lu := l.lastUse.Load(); lu > s.seen.Load() {
+				s.seen.Store(lu)
+			}
 			f.retire(s, l, u)
 			f.giveBack(l, u, now)
 		}

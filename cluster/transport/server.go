@@ -320,8 +320,7 @@ func (s *peerServer) Release(ctx context.Context, req *peerpb.ReleaseRequest) (*
 	epoch := s.f.leaseEpoch.Load()
 	taken := 0
 	for _, r := range rs {
-		lim := bucket.Limit{Algorithm: bucket.Algorithm(r.GetAlgorithm()), Requests: r.GetRequests(), Unit: r.GetUnitNs(), Burst: r.GetBurst()}
-		if r.GetEpoch() == epoch && rel.Release(now, r.GetKey(), lim, r.GetWindowNs(), r.GetHits(), r.GetGrantedCount()) {
+		if r.GetEpoch() == epoch && rel.Release(now, r.GetKey(), releaseLimit(r), r.GetWindowNs(), r.GetHits(), r.GetGrantedCount()) {
 			taken++
 		}
 	}

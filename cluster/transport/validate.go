@@ -85,6 +85,11 @@ func peerValidateOp(op *bucket.Op) error {
 	return op.Limit.Validate()
 }
 
+// releaseLimit is the limit of a leased op a release names.
+func releaseLimit(r *peerpb.Release) bucket.Limit {
+	return bucket.Limit{Algorithm: bucket.Algorithm(r.GetAlgorithm()), Requests: r.GetRequests(), Unit: r.GetUnitNs(), Burst: r.GetBurst()}
+}
+
 // peerValidateReleases checks every release of a Release request.
 func peerValidateReleases(rs []*peerpb.Release) error {
 	if len(rs) > peerMaxOps {
@@ -99,8 +104,7 @@ func peerValidateReleases(rs []*peerpb.Release) error {
 		case r.GetHits() == 0:
 			return fmt.Errorf("%w: release %d: no hits", wire.ErrInvalid, i)
 		}
-		op := bucket.Op{Key: r.GetKey(), Limit: bucket.Limit{Algorithm: bucket.Algorithm(r.GetAlgorithm()),
-			Requests: r.GetRequests(), Unit: r.GetUnitNs(), Burst: r.GetBurst()}, Hits: r.GetHits()}
+		op := bucket.Op{Key: r.GetKey(), Limit: releaseLimit(r), Hits: r.GetHits()}
 		if err := peerValidateOp(&op); err != nil {
 			return fmt.Errorf("%w: release %d: %w", wire.ErrInvalid, i, err)
 		}
